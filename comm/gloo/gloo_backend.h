@@ -1,0 +1,50 @@
+// The gloo backend: libtorch's c10d ProcessGroupGloo (Gloo over TCP) behind dtrain's Backend interface.
+// Variable-size collectives are composed: all_gather_v and reduce_scatter_v move per-rank chunks padded to
+// the largest count in internal buffers (the caller never sees the padding); all_to_all_v maps to Gloo's
+// alltoallv.
+#pragma once
+
+#include "comm/backend.h"
+
+namespace c10d {
+class ProcessGroupGloo;
+}
+
+namespace dtrain::comm {
+
+class GlooBackend : public Backend {
+ public:
+  // Connects `size` ranks through `store` (a c10d TCPStore, or a PrefixStore for a sub-group). Collective:
+  // every rank of the group calls it. `global_ranks` maps group ranks to global ranks.
+  static std::shared_ptr<GlooBackend> create(c10::intrusive_ptr<c10d::Store> store, std::string group_id,
+                                             std::vector<int> global_ranks, int group_rank,
+                                             std::chrono::milliseconds timeout);
+  ~GlooBackend() override;
+
+ protected:
+  WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, OpInfo info) override;
+  WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op, OpInfo info) override;
+  WorkPtr do_reduce_scatter_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& counts,
+                              ReduceOp op, OpInfo info) override;
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, OpInfo info) override;
+  WorkPtr do_all_gather_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& counts,
+                          OpInfo info) override;
+  WorkPtr do_broadcast(at::Tensor& tensor, int root, OpInfo info) override;
+  WorkPtr do_all_to_all_v(at::Tensor& output, const at::Tensor& input,
+                          const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,
+                          OpInfo info) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, int tag, OpInfo info) override;
+  WorkPtr do_recv(at::Tensor& tensor, int src, int tag, OpInfo info) override;
+  WorkPtr do_barrier(OpInfo info) override;
+  std::shared_ptr<Backend> do_split(int color, int key, const std::vector<int>& members,
+                                    const std::string& group_id) override;
+
+ private:
+  GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, c10::intrusive_ptr<c10d::Store> store,
+              std::string group_id, std::vector<int> global_ranks, int group_rank,
+              std::chrono::milliseconds timeout);
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+}  // namespace dtrain::comm

@@ -1,0 +1,51 @@
+// The mpi backend: OpenMPI's non-blocking collectives (MPI_Iallreduce, MPI_Ireduce_scatter, MPI_Iallgatherv,
+// MPI_Ialltoallv, ...) polled until their deadline. bfloat16 and float16 reduce through user-defined MPI ops
+// that accumulate each pair in float32.
+#pragma once
+
+#include <mpi.h>
+
+#include "comm/backend.h"
+
+namespace dtrain::comm {
+
+class MpiBackend : public Backend {
+ public:
+  // Initialises MPI (unless the program already did) and returns the world group. Rank 0 hosts the job's
+  // key-value store (for progress reporting) on a free port and shares its address over MPI; `store_host` is
+  // the address the other ranks use to reach it (empty: rank 0's host name).
+  static std::shared_ptr<MpiBackend> create_world(std::chrono::milliseconds timeout,
+                                                  const std::string& store_host);
+  ~MpiBackend() override;
+
+ protected:
+  WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, OpInfo info) override;
+  WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op, OpInfo info) override;
+  WorkPtr do_reduce_scatter_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& counts,
+                              ReduceOp op, OpInfo info) override;
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, OpInfo info) override;
+  WorkPtr do_all_gather_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& counts,
+                          OpInfo info) override;
+  WorkPtr do_broadcast(at::Tensor& tensor, int root, OpInfo info) override;
+  WorkPtr do_all_to_all_v(at::Tensor& output, const at::Tensor& input,
+                          const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,
+                          OpInfo info) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, int tag, OpInfo info) override;
+  WorkPtr do_recv(at::Tensor& tensor, int src, int tag, OpInfo info) override;
+  WorkPtr do_barrier(OpInfo info) override;
+  std::shared_ptr<Backend> do_split(int color, int key, const std::vector<int>& members,
+                                    const std::string& group_id) override;
+
+ private:
+  struct Environment;
+  MpiBackend(std::shared_ptr<Environment> env, MPI_Comm comm, std::string group_id,
+             std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout,
+             c10::intrusive_ptr<c10d::Store> store);
+  // Wraps a started request; `keep` holds the tensors MPI reads or writes until it finished.
+  WorkPtr make_work(MPI_Request request, std::vector<at::Tensor> keep, OpInfo info);
+
+  std::shared_ptr<Environment> env_;
+  MPI_Comm comm_;
+};
+
+}  // namespace dtrain::comm

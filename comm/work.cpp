@@ -1,0 +1,91 @@
+// Work: waiting, completion steps and error translation; see work.h.
+#include "comm/work.h"
+
+#include <c10/util/Exception.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dtrain::comm {
+
+std::string describe(const OpInfo& info) {
+  std::string prefix = rank_prefix();
+  return str_cat(prefix, prefix.empty() ? "" : " ", info.op, " (seq ", info.seq, ", ", info.backend,
+                 ", group ", info.group, ")");
+}
+
+namespace {
+
+std::string peers_str(const std::vector<int>& peers) {
+  std::string s = "[";
+  for (size_t i = 0; i < peers.size(); ++i) s += str_cat(i ? ", " : "", peers[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void Work::wait() { wait_impl(info_.deadline); }
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  wait_impl(std::min(info_.deadline, Clock::now() + timeout));
+}
+
+bool Work::is_completed() {
+  if (done_) return true;
+  try {
+    return poll();
+  } catch (...) {
+    return true;  // finished with an error; wait() reports it
+  }
+}
+
+void Work::wait_impl(Clock::time_point deadline) {
+  if (error_) std::rethrow_exception(error_);
+  if (done_) return;
+  // Before the deadline, take a snapshot of the peers' progress: when the op then times out, the rank that
+  // hosts the store may already be gone (it timed out too), and the snapshot still names the missing ranks.
+  const auto snapshot_margin = std::min<Clock::duration>(std::chrono::seconds(1), info_.timeout / 4);
+  std::optional<std::string> snapshot;
+  auto diagnosis = [&]() -> std::string {
+    if (!info_.diagnose) return "";
+    std::optional<std::string> now = info_.diagnose();
+    if (now) return *now;
+    if (snapshot) return *snapshot;
+    return "(the peers' progress could not be read: the rank hosting the store may have exited)";
+  };
+  bool finished = false;
+  try {
+    if (info_.diagnose && deadline - Clock::now() > 2 * snapshot_margin) {
+      finished = wait_until(deadline - snapshot_margin);
+      if (!finished) snapshot = info_.diagnose();
+    }
+    if (!finished) finished = wait_until(deadline);
+  } catch (const Error& e) {
+    error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " failed: ", e.what())));
+  } catch (const c10::Error& e) {
+    std::string diag = diagnosis();
+    error_ = std::make_exception_ptr(
+        CommError(str_cat(describe(info_), " failed while waiting for ranks ", peers_str(info_.peers), ": ",
+                          e.what_without_backtrace(), diag.empty() ? "" : " ", diag)));
+  } catch (const std::exception& e) {
+    std::string diag = diagnosis();
+    error_ = std::make_exception_ptr(
+        CommError(str_cat(describe(info_), " failed while waiting for ranks ", peers_str(info_.peers), ": ",
+                          e.what(), diag.empty() ? "" : " ", diag)));
+  }
+  if (!error_ && !finished) {
+    std::string diag = diagnosis();
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - info_.issued);
+    error_ = std::make_exception_ptr(TimeoutError(
+        str_cat(describe(info_), " timed out after ", waited.count(), " ms waiting for ranks ",
+                peers_str(info_.peers), ".", diag.empty() ? "" : " ", diag,
+                " Check that every rank calls the same collectives in the same order; if the work between "
+                "collectives is just slow, raise the timeout (DTRAIN_TIMEOUT=seconds).")));
+  }
+  if (error_) std::rethrow_exception(error_);
+  done_ = true;
+  for (auto& step : steps_) step();
+  steps_.clear();
+}
+
+}  // namespace dtrain::comm

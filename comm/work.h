@@ -1,0 +1,80 @@
+// Work: the handle of an issued operation. wait() blocks until it finished, runs its completion steps
+// (copy-back, averaging, unpadding) once, and rethrows a stored engine error as CommError, or TimeoutError
+// past the deadline, naming the op, its sequence number, this rank and the peers it waited for.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// What an error message needs to know about one operation.
+struct OpInfo {
+  std::string op;          // "all_reduce", "send", ...
+  std::string backend;     // "gloo", "mpi"
+  std::string group;       // "world" or a sub-group's id
+  uint64_t seq = 0;        // collective sequence number within the group (send/recv: per-process count)
+  std::vector<int> peers;  // global ranks this op waits for
+  std::chrono::milliseconds timeout{0};
+  Clock::time_point issued;
+  Clock::time_point deadline;  // issued + timeout
+  // Names the peers that have not reached this op, from the progress board ("" when none is known to be
+  // behind); nullopt when the board cannot be read. May be null.
+  std::function<std::optional<std::string>()> diagnose;
+};
+
+// Thread-safety: a Work is used by the thread that issued it.
+class Work {
+ public:
+  explicit Work(OpInfo info) : info_(std::move(info)) {}
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Waits until the op's own deadline (issue time + its timeout).
+  void wait();
+  // Waits at most `timeout` (and never past the op's deadline).
+  void wait(std::chrono::milliseconds timeout);
+  // True once the engine finished (successfully or not); does not run completion steps.
+  bool is_completed();
+
+  // Adds a step run after the engine finished, in order, exactly once, before wait() returns.
+  void then(std::function<void()> step) { steps_.push_back(std::move(step)); }
+  const OpInfo& info() const { return info_; }
+
+ protected:
+  // Blocks until the engine finished or `deadline`; returns false on timeout. Engine errors propagate as
+  // exceptions.
+  virtual bool wait_until(Clock::time_point deadline) = 0;
+  virtual bool poll() = 0;
+
+ private:
+  void wait_impl(Clock::time_point deadline);
+  OpInfo info_;
+  std::vector<std::function<void()>> steps_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already complete (an op with nothing to move).
+class CompletedWork : public Work {
+ public:
+  using Work::Work;
+
+ protected:
+  bool wait_until(Clock::time_point) override { return true; }
+  bool poll() override { return true; }
+};
+
+// "[rank r/N] all_reduce (seq 7, gloo, group world)": the head of every message about an op.
+std::string describe(const OpInfo& info);
+
+}  // namespace dtrain::comm

@@ -1,0 +1,33 @@
+// Rank-prefixed logging to stderr: "[rank r/N] message". Thread-safe (one line is written at a time).
+#pragma once
+
+#include <string>
+
+#include "core/error.h"
+
+namespace dtrain {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+// Sets the prefix used by every later line; called by init() once the rank is known.
+void set_log_rank(int rank, int world_size);
+// "[rank r/N]" (or "" before set_log_rank): the prefix that comm and mesh errors start with.
+std::string rank_prefix();
+// Minimum level printed; DTRAIN_LOG_LEVEL=debug|info|warn|error sets it at start-up.
+void set_log_level(LogLevel level);
+void log_line(LogLevel level, const std::string& msg);
+
+template <typename... Args>
+void log_info(const Args&... args) {
+  log_line(LogLevel::kInfo, str_cat(args...));
+}
+template <typename... Args>
+void log_warn(const Args&... args) {
+  log_line(LogLevel::kWarn, str_cat(args...));
+}
+template <typename... Args>
+void log_debug(const Args&... args) {
+  log_line(LogLevel::kDebug, str_cat(args...));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,100 @@
+// Process tier: every collective on real engines (gloo through c10d, OpenMPI), ranks started by the launcher
+// exactly as `dtrain run` starts them, world sizes 1 to 4. The ranks check their results against
+// plain-libtorch references (tests/comm_worker.cpp); this test checks that every rank reported success, and
+// the fault cases.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "launch/launcher.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Job {
+  int rc = -1;
+  fs::path dir;
+  double seconds = 0;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Job run_worker(const std::string& backend, int n, const std::string& suite,
+               const std::string& timeout = "60") {
+  Job job;
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  job.dir = mkdtemp(tmpl);
+  dtrain::launch::LaunchOptions o;
+  o.nproc = n;
+  o.backend = backend;
+  o.stop_grace = std::chrono::milliseconds(2000);
+  o.command = {DTRAIN_COMM_WORKER, suite, job.dir.string()};
+  setenv("DTRAIN_TIMEOUT", timeout.c_str(), 1);
+  auto t0 = std::chrono::steady_clock::now();
+  job.rc = dtrain::launch::run(o);
+  job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return job;
+}
+
+void expect_all_ok(const Job& job, int n) {
+  EXPECT_EQ(job.rc, 0);
+  for (int r = 0; r < n; ++r) {
+    std::string report = read_file(job.dir / ("rank" + std::to_string(r) + ".txt"));
+    EXPECT_EQ(report.rfind("ok ", 0), 0u) << "rank " << r << " reported:\n" << report;
+  }
+  fs::remove_all(job.dir);
+}
+
+class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Collectives, ExactAgainstSingleProcessReference) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "collectives");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, Collectives,
+                         ::testing::Combine(::testing::Values("gloo", "mpi"), ::testing::Values(1, 2, 3, 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
+                         });
+
+class Groups : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Groups, MeshAxisGroupsAndSplitOn2x2) {
+  Job job = run_worker(GetParam(), 4, "mesh");
+  expect_all_ok(job, 4);
+}
+
+// A rank that never enters a collective: the others get a TimeoutError that names it, within the 2 s timeout.
+TEST_P(Groups, MissingRankIsNamedWithinTimeout) {
+  Job job = run_worker(GetParam(), 3, "missing-rank");
+  for (int r = 0; r < 2; ++r) {
+    std::string report = read_file(job.dir / ("rank" + std::to_string(r) + ".txt"));
+    EXPECT_EQ(report.rfind("elapsed_ms ", 0), 0u) << report;
+    long ms = std::atol(report.c_str() + 11);
+    EXPECT_GE(ms, 1900) << report;
+    EXPECT_LT(ms, 4000) << report;
+    EXPECT_NE(report.find("all_reduce (seq 1, " + GetParam()), std::string::npos) << report;
+    EXPECT_NE(report.find("[rank " + std::to_string(r) + "/3]"), std::string::npos) << report;
+    EXPECT_NE(report.find("Rank 2 has not entered it"), std::string::npos) << report;
+    EXPECT_NE(report.find("ok 1"), std::string::npos) << report;
+  }
+  EXPECT_LT(job.seconds, 30.0);
+  fs::remove_all(job.dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, Groups, ::testing::Values("gloo", "mpi"));
+
+}  // namespace

@@ -1,0 +1,278 @@
+// One rank of the process-tier comm tests, started by tests/comm_process_test.cpp through the launcher
+// (`dtrain run` semantics, real engines). Every result is compared with a single-process reference computed
+// with plain libtorch on integer-valued inputs, so equality is exact. Writes "<dir>/rank<R>.txt" with "ok
+// <checks>" or what failed.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "comm/factory.h"
+#include "core/error.h"
+#include "mesh/device_mesh.h"
+#include "mesh/mesh_math.h"
+
+using namespace dtrain;
+using comm::ReduceOp;
+
+namespace {
+
+int g_checks = 0;
+std::string g_failures;
+
+// Compares exactly; on mismatch records the first differing indices and the largest difference (llm.c's
+// check).
+void check_equal(const std::string& what, const at::Tensor& actual, const at::Tensor& expected) {
+  ++g_checks;
+  at::Tensor a = actual.to(at::kDouble).reshape({-1}), e = expected.to(at::kDouble).reshape({-1});
+  if (actual.sizes() != expected.sizes() || actual.scalar_type() != expected.scalar_type()) {
+    g_failures += str_cat("FAIL ", what, ": shape/dtype ", actual.sizes(), "/", actual.scalar_type(),
+                          " vs expected ", expected.sizes(), "/", expected.scalar_type(), "\n");
+    return;
+  }
+  if (at::equal(a, e)) return;
+  at::Tensor diff = (a - e).abs();
+  std::string first;
+  auto idx = at::nonzero(diff).reshape({-1});
+  for (int64_t k = 0; k < std::min<int64_t>(idx.numel(), 3); ++k) {
+    int64_t i = idx[k].item<int64_t>();
+    first += str_cat(" [", i, "] got ", a[i].item<double>(), " want ", e[i].item<double>());
+  }
+  g_failures += str_cat("FAIL ", what, ": ", idx.numel(), " mismatches, max diff ", diff.max().item<double>(),
+                        ";", first, "\n");
+}
+
+// Rank r's integer-valued input of n elements, small enough to be exact in bfloat16 after summing 4 ranks.
+at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, int salt = 0) {
+  at::Tensor i = at::arange(n, at::kLong);
+  return ((i * 7 + r * 3 + salt) % 11 - 5).to(dtype);
+}
+
+const std::vector<at::ScalarType> kDtypes{at::kFloat, at::kDouble, at::kBFloat16,
+                                          at::kHalf,  at::kInt,    at::kLong};
+
+std::string tag(const char* op, at::ScalarType t, int64_t n) { return str_cat(op, " ", t, " n=", n); }
+
+void suite_collectives(comm::Backend& b, const std::vector<int64_t>& sizes) {
+  const int ws = b.group_size(), me = b.group_rank();
+  for (at::ScalarType dt : kDtypes) {
+    for (int64_t n : sizes) {
+      // all_reduce: sum, max, min, and avg on inputs whose mean is an integer.
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+        at::Tensor x = input_of(me, n, dt);
+        at::Tensor want = input_of(0, n, dt);
+        for (int r = 1; r < ws; ++r) {
+          at::Tensor y = input_of(r, n, dt);
+          want = op == ReduceOp::kSum   ? want + y
+                 : op == ReduceOp::kMax ? at::maximum(want, y)
+                                        : at::minimum(want, y);
+        }
+        b.all_reduce(x, {op})->wait();
+        check_equal(tag(str_cat("all_reduce ", to_string(op)).c_str(), dt, n), x, want.to(dt));
+      }
+      if (at::isFloatingType(dt)) {
+        auto avg_input = [&](int r) { return (input_of(0, n, at::kLong) * ws + 2 * r).to(dt); };
+        at::Tensor x = avg_input(me);
+        at::Tensor want = (input_of(0, n, at::kLong) * ws + (ws - 1)).to(dt);
+        b.all_reduce(x, {ReduceOp::kAvg})->wait();
+        check_equal(tag("all_reduce avg", dt, n), x, want);
+      }
+      // reduce_scatter (equal chunks of n) and reduce_scatter_v (uneven, one rank gets zero).
+      {
+        at::Tensor want_full = input_of(0, n * ws, dt);
+        for (int r = 1; r < ws; ++r) want_full = want_full + input_of(r, n * ws, dt);
+        at::Tensor out = at::empty({n}, dt);
+        b.reduce_scatter(out, input_of(me, n * ws, dt))->wait();
+        check_equal(tag("reduce_scatter", dt, n), out, want_full.narrow(0, me * n, n).to(dt));
+      }
+      std::vector<int64_t> counts(ws);
+      for (int g = 0; g < ws; ++g) counts[g] = (ws > 1 && g == 1) ? 0 : n / ws + g;
+      int64_t total = 0, offset = 0;
+      for (int g = 0; g < ws; ++g) {
+        if (g == me) offset = total;
+        total += counts[g];
+      }
+      {
+        at::Tensor want_full = input_of(0, total, dt);
+        for (int r = 1; r < ws; ++r) want_full = want_full + input_of(r, total, dt);
+        at::Tensor out = at::empty({counts[me]}, dt);
+        b.reduce_scatter_v(out, input_of(me, total, dt), counts)->wait();
+        check_equal(tag("reduce_scatter_v", dt, n), out, want_full.narrow(0, offset, counts[me]).to(dt));
+      }
+      // all_gather and all_gather_v.
+      {
+        at::Tensor out = at::empty({n * ws}, dt);
+        b.all_gather(out, input_of(me, n, dt, 1))->wait();
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < ws; ++r) parts.push_back(input_of(r, n, dt, 1));
+        check_equal(tag("all_gather", dt, n), out, at::cat(parts));
+      }
+      {
+        at::Tensor out = at::empty({total}, dt);
+        b.all_gather_v(out, input_of(me, counts[me], dt, 2), counts)->wait();
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < ws; ++r) parts.push_back(input_of(r, counts[r], dt, 2));
+        check_equal(tag("all_gather_v", dt, n), out, at::cat(parts));
+      }
+      // broadcast from the last rank.
+      {
+        at::Tensor x = input_of(me, n, dt, 3);
+        b.broadcast(x, {ws - 1})->wait();
+        check_equal(tag("broadcast", dt, n), x, input_of(ws - 1, n, dt, 3));
+      }
+      // all_to_all: rank r's chunk g is input_of(r*ws+g); all_to_all_v with counts c(from, to) = (from + 2*to
+      // + n) % 4.
+      {
+        std::vector<at::Tensor> mine, want;
+        for (int g = 0; g < ws; ++g) {
+          mine.push_back(input_of(me * ws + g, n, dt));
+          want.push_back(input_of(g * ws + me, n, dt));
+        }
+        at::Tensor out = at::empty({n * ws}, dt);
+        b.all_to_all(out, at::cat(mine))->wait();
+        check_equal(tag("all_to_all", dt, n), out, at::cat(want));
+      }
+      {
+        auto c = [&](int from, int to) {
+          return static_cast<int64_t>((from + 2 * to + n) % 4) * (n > 0 ? 1 : 0);
+        };
+        std::vector<int64_t> sc(ws), rc(ws);
+        std::vector<at::Tensor> mine, want;
+        for (int g = 0; g < ws; ++g) {
+          sc[g] = c(me, g);
+          rc[g] = c(g, me);
+          mine.push_back(input_of(me * 100 + g, sc[g], dt));
+          want.push_back(input_of(g * 100 + me, rc[g], dt));
+        }
+        at::Tensor out = at::empty({std::accumulate(rc.begin(), rc.end(), int64_t{0})}, dt);
+        b.all_to_all_v(out, at::cat(mine), sc, rc)->wait();
+        check_equal(tag("all_to_all_v", dt, n), out, at::cat(want));
+      }
+      // send/recv around a ring.
+      if (ws > 1) {
+        at::Tensor got = at::empty({n}, dt);
+        auto s = b.send(input_of(me, n, dt, 4), (me + 1) % ws);
+        auto r = b.recv(got, (me + ws - 1) % ws);
+        r->wait();
+        s->wait();
+        check_equal(tag("send/recv", dt, n), got, input_of((me + ws - 1) % ws, n, dt, 4));
+      }
+    }
+  }
+  // Non-contiguous tensors are staged through contiguous buffers and copied back.
+  {
+    at::Tensor base = input_of(me, 35, at::kFloat).reshape({5, 7});
+    at::Tensor x = base.t();  // a non-contiguous view
+    at::Tensor want = input_of(0, 35, at::kFloat).reshape({5, 7});
+    for (int r = 1; r < ws; ++r) want = want + input_of(r, 35, at::kFloat).reshape({5, 7});
+    b.all_reduce(x)->wait();
+    check_equal("all_reduce non-contiguous in place", base, want);
+    at::Tensor out = at::empty({7 * ws, 5}, at::kFloat).t();  // non-contiguous output
+    b.all_gather(out, input_of(me, 35, at::kFloat).reshape({5, 7}).t())->wait();
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < ws; ++r)
+      parts.push_back(input_of(r, 35, at::kFloat).reshape({5, 7}).t().contiguous().reshape({-1}));
+    check_equal("all_gather non-contiguous", out.contiguous().reshape({-1}), at::cat(parts));
+  }
+  b.barrier()->wait();
+}
+
+void suite_mesh(const comm::BackendPtr& world) {
+  const int ws = world->group_size(), me = world->group_rank();
+  if (ws != 4) throw ValueError("suite mesh needs 4 ranks");
+  mesh::DeviceMesh m(world, {2, 2}, {"dp", "tp"});
+  for (int a = 0; a < 2; ++a) {
+    auto slice = mesh::axis_slice(me, m.shape(), a);
+    const auto& g = m.axis_group(a);
+    ++g_checks;
+    if (g->group_size() != 2 || g->group_rank() != m.coordinate()[a])
+      g_failures += str_cat("FAIL axis ", a, " group\n");
+    // all_gather of global ranks along the axis equals the slice computed by pure arithmetic.
+    at::Tensor out = at::empty({2}, at::kLong);
+    g->all_gather(out, at::full({1}, static_cast<int64_t>(me), at::kLong))->wait();
+    check_equal(str_cat("mesh axis ", a, " membership"), out, at::tensor(slice, at::kLong));
+    at::Tensor x = at::full({3}, static_cast<int64_t>(me * me + 1), at::kLong);
+    g->all_reduce(x)->wait();
+    int64_t want = 0;
+    for (int64_t r : slice) want += r * r + 1;
+    check_equal(str_cat("mesh axis ", a, " all_reduce"), x, at::full({3}, want, at::kLong));
+  }
+  auto tp = m.sub_mesh("tp");
+  ++g_checks;
+  if (tp.ndim() != 1 || tp.size() != 2 || tp.coordinate()[0] != m.coordinate()[1])
+    g_failures += "FAIL sub_mesh\n";
+  // split with a negative color: rank 3 joins nothing, the rest form one group ordered by descending key.
+  auto sub = world->split(me == 3 ? -1 : 0, -me);
+  ++g_checks;
+  if (me == 3 ? sub != nullptr : (sub == nullptr || sub->group_size() != 3 || sub->group_rank() != 2 - me)) {
+    g_failures += "FAIL split with negative color\n";
+  }
+  if (sub) {
+    at::Tensor x = at::full({2}, static_cast<int64_t>(me + 1), at::kLong);
+    sub->all_reduce(x)->wait();
+    check_equal("split all_reduce", x, at::full({2}, int64_t{6}, at::kLong));
+  }
+  // A mesh that does not fit the world is a ValueError with the values.
+  ++g_checks;
+  try {
+    mesh::DeviceMesh bad(world, {2, 3}, {"dp", "tp"});
+    g_failures += "FAIL mesh (2,3) on 4 ranks did not throw\n";
+  } catch (const ValueError& e) {
+    if (std::string(e.what()).find("needs 6 ranks but WORLD_SIZE is 4") == std::string::npos) {
+      g_failures += str_cat("FAIL mesh error message: ", e.what(), "\n");
+    }
+  }
+  world->barrier()->wait();
+}
+
+// The last rank never enters the all_reduce (it waits in a recv that nobody sends); the others must get a
+// TimeoutError naming it, within the timeout.
+void suite_missing_rank(comm::Backend& b, std::ofstream& out) {
+  const int ws = b.group_size(), me = b.group_rank();
+  if (me == ws - 1) {
+    at::Tensor never = at::empty({1});
+    b.recv(never, 0, {0, std::chrono::milliseconds(60000)})->wait();  // ends when the others leave
+    return;
+  }
+  at::Tensor x = at::ones({4});
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    b.all_reduce(x, {ReduceOp::kSum, std::chrono::milliseconds(2000)})->wait();
+    g_failures += "FAIL: all_reduce completed without the last rank\n";
+  } catch (const TimeoutError& e) {
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    out << "elapsed_ms " << ms << "\nmessage " << e.what() << "\n";
+    ++g_checks;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string suite = argc > 1 ? argv[1] : "collectives";
+  std::string dir = argc > 2 ? argv[2] : ".";
+  at::set_num_threads(1);
+  comm::BackendPtr world = comm::init();
+  std::ofstream out(str_cat(dir, "/rank", world->global_rank(), ".txt"));
+  try {
+    if (suite == "collectives") {
+      suite_collectives(*world, {0, 1, 37, 262147});
+    } else if (suite == "mesh") {
+      suite_mesh(world);
+    } else if (suite == "missing-rank") {
+      suite_missing_rank(*world, out);
+    } else {
+      g_failures += str_cat("unknown suite ", suite, "\n");
+    }
+  } catch (const std::exception& e) {
+    g_failures += str_cat("EXCEPTION ", e.what(), "\n");
+  }
+  out << (g_failures.empty() ? "ok " : "failed ") << g_checks << "\n" << g_failures;
+  out.close();
+  std::fprintf(stderr, "%s", g_failures.c_str());
+  return g_failures.empty() ? 0 : 1;
+}
