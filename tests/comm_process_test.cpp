@@ -2,7 +2,12 @@
 // exactly as `dtrain run` starts them, world sizes 1 to 4. The ranks check their results against
 // plain-libtorch references (tests/comm_worker.cpp); this test checks that every rank reported success, and
 // the fault cases.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -96,5 +101,60 @@ TEST_P(Groups, MissingRankIsNamedWithinTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, Groups, ::testing::Values("gloo", "mpi"));
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Two nodes on 127.0.0.1: `dtrain run --nnodes 2 --node-rank 1` as a separate process, node 0 in this one,
+// the same flags on both; the 2x2 mesh then spans both nodes (its "dp" groups cross them).
+TEST(MultiNode, GlooMeshAcrossTwoLaunchers) {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  std::string port = std::to_string(free_port());
+  setenv("DTRAIN_TIMEOUT", "60", 1);
+  std::vector<std::string> args{DTRAIN_BINARY,
+                                "run",
+                                "-n",
+                                "2",
+                                "--nnodes",
+                                "2",
+                                "--node-rank",
+                                "1",
+                                "--master-addr",
+                                "127.0.0.1",
+                                "--master-port",
+                                port,
+                                "--",
+                                DTRAIN_COMM_WORKER,
+                                "mesh",
+                                dir.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t node1 = 0;
+  ASSERT_EQ(posix_spawn(&node1, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  dtrain::launch::LaunchOptions o;
+  o.nproc = 2;
+  o.nnodes = 2;
+  o.node_rank = 0;
+  o.master_addr = "127.0.0.1";
+  o.master_port = std::stoi(port);
+  o.command = {DTRAIN_COMM_WORKER, "mesh", dir.string()};
+  int rc0 = dtrain::launch::run(o);
+  int status = 0;
+  waitpid(node1, &status, 0);
+  EXPECT_EQ(rc0, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "node 1 status " << status;
+  expect_all_ok(Job{rc0, dir, 0}, 4);
+}
 
 }  // namespace

@@ -63,12 +63,6 @@ void run_op(comm::Backend& b, const std::string& op, Buffers& buf) {
   }
 }
 
-std::string human(int64_t bytes) {
-  if (bytes >= (1 << 20)) return str_cat(bytes >> 20, "M");
-  if (bytes >= 1024) return str_cat(bytes >> 10, "K");
-  return str_cat(bytes);
-}
-
 }  // namespace
 
 int run_bench_comm(const BenchCommOptions& opts) {
@@ -137,7 +131,7 @@ int run_bench_comm(const BenchCommOptions& opts) {
             {"min_us", tmin * 1e6}, {"median_us", tmed * 1e6},  {"algbw_gbs", algbw},  {"busbw_gbs", busbw}};
         std::printf("%s\n", j.dump().c_str());
       } else {
-        std::printf("%12s %12lld %8d %12.1f %12.1f %10.3f %10.3f\n", human(real_bytes).c_str(),
+        std::printf("%12lld %12lld %8d %12.1f %12.1f %10.3f %10.3f\n", static_cast<long long>(real_bytes),
                     static_cast<long long>(count), iters, tmin * 1e6, tmed * 1e6, algbw, busbw);
       }
       std::fflush(stdout);

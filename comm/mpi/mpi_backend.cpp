@@ -7,7 +7,11 @@
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <atomic>
 #include <climits>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -85,51 +89,43 @@ std::vector<int> displacements(const std::vector<int>& counts) {
   return d;
 }
 
+// One queued MPI call and its outcome.
+struct Task {
+  std::function<void()> call;
+  // Non-blocking calls (MPI_Isend, MPI_Irecv) leave their request here; the task completes when it does.
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<at::Tensor> keep;  // the buffers of a pending request
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;         // guarded by mu
+  std::exception_ptr error;  // guarded by mu
+};
+
 class MpiWork : public Work {
  public:
-  MpiWork(OpInfo info, MPI_Request request, std::vector<at::Tensor> keep, std::function<void()> on_failure)
-      : Work(std::move(info)),
-        request_(request),
-        keep_(std::move(keep)),
-        on_failure_(std::move(on_failure)) {}
+  MpiWork(OpInfo info, std::shared_ptr<Task> task, std::function<void()> on_timeout)
+      : Work(std::move(info)), task_(std::move(task)), on_timeout_(std::move(on_timeout)) {}
 
  protected:
   bool poll() override {
-    if (request_ == MPI_REQUEST_NULL) return true;
-    int flag = 0;
-    MPI_Status status;
-    int rc = MPI_Test(&request_, &flag, &status);
-    if (rc != MPI_SUCCESS) {
-      on_failure_();
-      check_mpi(rc, "MPI_Test");
-    }
-    if (flag) keep_.clear();
-    return flag != 0;
+    std::lock_guard<std::mutex> lock(task_->mu);
+    if (task_->error) std::rethrow_exception(task_->error);
+    return task_->done;
   }
 
   bool wait_until(Clock::time_point deadline) override {
-    // Spin with yields first (small collectives finish in tens of microseconds), then back off so that
-    // waiting ranks leave the cores to the ranks still computing (4 ranks on 2 cores).
-    auto start = Clock::now();
-    while (!poll()) {
-      auto now = Clock::now();
-      if (now >= deadline) {
-        on_failure_();
-        return false;
-      }
-      if (now - start < std::chrono::milliseconds(2)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+    std::unique_lock<std::mutex> lock(task_->mu);
+    if (!task_->cv.wait_until(lock, deadline, [&] { return task_->done; })) {
+      on_timeout_();
+      return false;
     }
+    if (task_->error) std::rethrow_exception(task_->error);
     return true;
   }
 
  private:
-  MPI_Request request_;
-  std::vector<at::Tensor> keep_;
-  std::function<void()> on_failure_;
+  std::shared_ptr<Task> task_;
+  std::function<void()> on_timeout_;
 };
 
 }  // namespace
@@ -139,16 +135,24 @@ class MpiWork : public Work {
 // job instead).
 struct MpiBackend::Environment {
   bool we_initialised = false;
-  bool failed = false;
+  std::atomic<bool> failed{false};
   MPI_Op ops16[2][3];  // [bf16, f16][sum, max, min]
 
   Environment() {
     int initialised = 0;
     MPI_Initialized(&initialised);
+    int provided = 0;
     if (!initialised) {
-      int provided = 0;
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
       we_initialised = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw NotSupportedError(str_cat("mpi backend: MPI provides thread level ", provided,
+                                      " but dtrain needs MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED,
+                                      ") for its communication thread. Initialise MPI with MPI_Init_thread("
+                                      "MPI_THREAD_SERIALIZED) or let dtrain initialise it."));
     }
     MPI_Op_create(&reduce16<c10::BFloat16, Add>, 1, &ops16[0][0]);
     MPI_Op_create(&reduce16<c10::BFloat16, Max>, 1, &ops16[0][1]);
@@ -156,10 +160,21 @@ struct MpiBackend::Environment {
     MPI_Op_create(&reduce16<c10::Half, Add>, 1, &ops16[1][0]);
     MPI_Op_create(&reduce16<c10::Half, Max>, 1, &ops16[1][1]);
     MPI_Op_create(&reduce16<c10::Half, Min>, 1, &ops16[1][2]);
+    worker_ = std::thread([this] { work_loop(); });
   }
 
   ~Environment() {
-    if (failed) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (failed) {
+      // The thread may be blocked in a collective that will never complete; MPI_Finalize would hang too.
+      worker_.detach();
+      return;
+    }
+    worker_.join();
     for (auto& row : ops16) {
       for (auto& op : row) MPI_Op_free(&op);
     }
@@ -174,17 +189,141 @@ struct MpiBackend::Environment {
     if (t == at::kHalf) return ops16[1][k];
     return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
   }
+
+  // Queues an MPI call; calls run one at a time, in order, on the communication thread.
+  std::shared_ptr<Task> submit(std::function<void()> call) {
+    auto task = std::make_shared<Task>();
+    task->call = std::move(call);
+    return enqueue(std::move(task));
+  }
+
+  std::shared_ptr<Task> enqueue(std::shared_ptr<Task> task) {
+    if (failed) {
+      throw CommError(str_cat(rank_prefix(),
+                              " mpi backend: an earlier operation failed or timed out, so MPI is in ",
+                              "an unknown state. Exit this process; the launcher stops the job."));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(task);
+    }
+    cv_.notify_one();
+    return task;
+  }
+
+  // Runs an MPI call on the communication thread and waits for it (at most `timeout`).
+  void run(std::function<void()> call, std::chrono::milliseconds timeout, const char* what) {
+    auto task = submit(std::move(call));
+    std::unique_lock<std::mutex> lock(task->mu);
+    if (!task->cv.wait_for(lock, timeout, [&] { return task->done; })) {
+      failed = true;
+      throw TimeoutError(str_cat(rank_prefix(), " mpi backend: ", what, " did not finish within ",
+                                 timeout.count(), " ms. Check that every rank reaches it."));
+    }
+    if (task->error) std::rethrow_exception(task->error);
+  }
+
+ private:
+  // Runs queued calls in order. While requests of non-blocking calls are pending and nothing is queued, tests
+  // them every few microseconds; a blocking collective progresses them too, inside MPI.
+  void work_loop() {
+    std::vector<std::shared_ptr<Task>> pending;
+    for (;;) {
+      std::shared_ptr<Task> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (pending.empty()) {
+          cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        } else {
+          cv_.wait_for(lock, std::chrono::microseconds(20), [&] { return stop_ || !queue_.empty(); });
+        }
+        if (stop_ && queue_.empty() && pending.empty()) return;
+        if (!queue_.empty()) {
+          task = std::move(queue_.front());
+          queue_.pop_front();
+        }
+      }
+      if (task) {
+        std::exception_ptr error;
+        try {
+          task->call();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        task->call = nullptr;  // release the tensors it held (a pending request's task keeps them in `keep`)
+        if (!error && task->request != MPI_REQUEST_NULL) {
+          pending.push_back(std::move(task));
+        } else {
+          finish(*task, error);
+        }
+      }
+      for (size_t i = 0; i < pending.size();) {
+        int flag = 0;
+        int rc = MPI_Test(&pending[i]->request, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS || flag) {
+          std::exception_ptr error;
+          if (rc != MPI_SUCCESS) {
+            error = std::make_exception_ptr(
+                CommError(str_cat("MPI_Test returned ", rc, ": ", mpi_error_string(rc))));
+          }
+          finish(*pending[i], error);
+          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+
+  static void finish(Task& task, std::exception_ptr error) {
+    task.keep.clear();
+    {
+      std::lock_guard<std::mutex> lock(task.mu);
+      task.done = true;
+      task.error = error;
+    }
+    task.cv.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Task>> queue_;  // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::thread worker_;
 };
 
 std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds timeout,
                                                      const std::string& store_host) {
-  auto env = std::make_shared<Environment>();
-  MPI_Comm comm;
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  // One Environment (and so one communication thread) per process, shared by every MpiBackend alive.
+  static std::mutex env_mu;
+  static std::weak_ptr<Environment> env_slot;
+  std::shared_ptr<Environment> env;
+  {
+    std::lock_guard<std::mutex> lock(env_mu);
+    env = env_slot.lock();
+    if (!env) {
+      int finalised = 0;
+      MPI_Finalized(&finalised);
+      if (finalised) {
+        throw NotSupportedError(
+            "mpi backend: MPI was already finalised in this process and cannot be started again. Keep one "
+            "mpi "
+            "backend alive for the whole program.");
+      }
+      env = std::make_shared<Environment>();
+      env_slot = env;
+    }
+  }
+  MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+  env->run(
+      [&] {
+        check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(comm, &rank);
+        MPI_Comm_size(comm, &size);
+      },
+      timeout, "MPI_Comm_dup");
 
   // The progress store: rank 0 serves it on a free port; its host and port travel over MPI.
   c10d::TCPStoreOptions so;
@@ -206,8 +345,12 @@ std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds t
     }
     store = server;
   }
-  check_mpi(MPI_Bcast(&port, 1, MPI_INT, 0, comm), "MPI_Bcast");
-  check_mpi(MPI_Bcast(host, sizeof(host), MPI_CHAR, 0, comm), "MPI_Bcast");
+  env->run(
+      [&] {
+        check_mpi(MPI_Bcast(&port, 1, MPI_INT, 0, comm), "MPI_Bcast");
+        check_mpi(MPI_Bcast(host, sizeof(host), MPI_CHAR, 0, comm), "MPI_Bcast");
+      },
+      timeout, "sharing the store address (MPI_Bcast from rank 0)");
   if (rank != 0) {
     so.isServer = false;
     so.port = static_cast<uint16_t>(port);
@@ -226,110 +369,149 @@ MpiBackend::MpiBackend(std::shared_ptr<Environment> env, MPI_Comm comm, std::str
       comm_(comm) {}
 
 MpiBackend::~MpiBackend() {
-  if (!env_->failed) MPI_Comm_free(&comm_);
+  if (env_->failed) return;
+  MPI_Comm comm = comm_;
+  try {
+    env_->run([comm]() mutable { MPI_Comm_free(&comm); }, default_timeout(), "MPI_Comm_free");
+  } catch (const std::exception&) {
+    // Destructors do not throw; a failed free leaves the communicator to MPI_Finalize.
+  }
 }
 
-WorkPtr MpiBackend::make_work(MPI_Request request, std::vector<at::Tensor> keep, OpInfo info) {
+WorkPtr MpiBackend::submit(std::function<void()> call, OpInfo info) {
   std::shared_ptr<Environment> env = env_;
-  return std::make_shared<MpiWork>(std::move(info), request, std::move(keep), [env] { env->failed = true; });
+  return std::make_shared<MpiWork>(std::move(info), env_->submit(std::move(call)),
+                                   [env] { env->failed = true; });
+}
+
+WorkPtr MpiBackend::submit_request(std::function<void(MPI_Request*)> start, std::vector<at::Tensor> keep,
+                                   OpInfo info) {
+  std::shared_ptr<Environment> env = env_;
+  auto task = std::make_shared<Task>();
+  task->keep = std::move(keep);
+  Task* raw = task.get();  // the call runs while the queue holds the task
+  task->call = [start, raw] { start(&raw->request); };
+  return std::make_shared<MpiWork>(std::move(info), env_->enqueue(std::move(task)),
+                                   [env] { env->failed = true; });
 }
 
 WorkPtr MpiBackend::do_all_reduce(at::Tensor& t, ReduceOp op, OpInfo info) {
-  MPI_Request req;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), to_int(t.numel(), "all_reduce"),
-                           mpi_type(t.scalar_type()), env_->op(op, t.scalar_type()), comm_, &req),
-            "MPI_Iallreduce");
-  return make_work(req, {t}, std::move(info));
+  int n = to_int(t.numel(), "all_reduce");
+  MPI_Datatype type = mpi_type(t.scalar_type());
+  MPI_Op mop = env_->op(op, t.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit(
+      [t, n, type, mop, comm] {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), n, type, mop, comm), "MPI_Allreduce");
+      },
+      std::move(info));
 }
 
 WorkPtr MpiBackend::do_reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op, OpInfo info) {
-  MPI_Request req;
-  check_mpi(
-      MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), to_int(out.numel(), "reduce_scatter"),
-                                mpi_type(in.scalar_type()), env_->op(op, in.scalar_type()), comm_, &req),
-      "MPI_Ireduce_scatter_block");
-  return make_work(req, {out, in}, std::move(info));
+  int n = to_int(out.numel(), "reduce_scatter");
+  MPI_Datatype type = mpi_type(in.scalar_type());
+  MPI_Op mop = env_->op(op, in.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit(
+      [out, in, n, type, mop, comm] {
+        check_mpi(MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), n, type, mop, comm),
+                  "MPI_Reduce_scatter_block");
+      },
+      std::move(info));
 }
 
 WorkPtr MpiBackend::do_reduce_scatter_v(at::Tensor& out, const at::Tensor& in,
                                         const std::vector<int64_t>& counts, ReduceOp op, OpInfo info) {
-  auto c = std::make_shared<std::vector<int>>(to_ints(counts, "reduce_scatter"));
-  MPI_Request req;
-  check_mpi(MPI_Ireduce_scatter(in.data_ptr(), out.data_ptr(), c->data(), mpi_type(in.scalar_type()),
-                                env_->op(op, in.scalar_type()), comm_, &req),
-            "MPI_Ireduce_scatter");
-  auto w = make_work(req, {out, in}, std::move(info));
-  w->then([c] {});  // the counts array must live until the request completes
-  return w;
+  std::vector<int> c = to_ints(counts, "reduce_scatter");
+  MPI_Datatype type = mpi_type(in.scalar_type());
+  MPI_Op mop = env_->op(op, in.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit(
+      [out, in, c, type, mop, comm] {
+        check_mpi(MPI_Reduce_scatter(in.data_ptr(), out.data_ptr(), c.data(), type, mop, comm),
+                  "MPI_Reduce_scatter");
+      },
+      std::move(info));
 }
 
 WorkPtr MpiBackend::do_all_gather(at::Tensor& out, const at::Tensor& in, OpInfo info) {
-  MPI_Request req;
-  MPI_Datatype type = mpi_type(in.scalar_type());
   int n = to_int(in.numel(), "all_gather");
-  check_mpi(MPI_Iallgather(in.data_ptr(), n, type, out.data_ptr(), n, type, comm_, &req), "MPI_Iallgather");
-  return make_work(req, {out, in}, std::move(info));
+  MPI_Datatype type = mpi_type(in.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit(
+      [out, in, n, type, comm] {
+        check_mpi(MPI_Allgather(in.data_ptr(), n, type, out.data_ptr(), n, type, comm), "MPI_Allgather");
+      },
+      std::move(info));
 }
 
 WorkPtr MpiBackend::do_all_gather_v(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& counts,
                                     OpInfo info) {
-  auto c = std::make_shared<std::vector<int>>(to_ints(counts, "all_gather"));
-  auto d = std::make_shared<std::vector<int>>(displacements(*c));
+  std::vector<int> c = to_ints(counts, "all_gather");
+  std::vector<int> d = displacements(c);
+  int mine = c[group_rank()];
   MPI_Datatype type = mpi_type(in.scalar_type());
-  MPI_Request req;
-  check_mpi(MPI_Iallgatherv(in.data_ptr(), (*c)[group_rank()], type, out.data_ptr(), c->data(), d->data(),
-                            type, comm_, &req),
-            "MPI_Iallgatherv");
-  auto w = make_work(req, {out, in}, std::move(info));
-  w->then([c, d] {});
-  return w;
+  MPI_Comm comm = comm_;
+  return submit(
+      [out, in, c, d, mine, type, comm] {
+        check_mpi(MPI_Allgatherv(in.data_ptr(), mine, type, out.data_ptr(), c.data(), d.data(), type, comm),
+                  "MPI_Allgatherv");
+      },
+      std::move(info));
 }
 
 WorkPtr MpiBackend::do_broadcast(at::Tensor& t, int root, OpInfo info) {
-  MPI_Request req;
-  check_mpi(
-      MPI_Ibcast(t.data_ptr(), to_int(t.numel(), "broadcast"), mpi_type(t.scalar_type()), root, comm_, &req),
-      "MPI_Ibcast");
-  return make_work(req, {t}, std::move(info));
+  int n = to_int(t.numel(), "broadcast");
+  MPI_Datatype type = mpi_type(t.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit(
+      [t, n, type, root, comm] { check_mpi(MPI_Bcast(t.data_ptr(), n, type, root, comm), "MPI_Bcast"); },
+      std::move(info));
 }
 
 WorkPtr MpiBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
                                     const std::vector<int64_t>& send_counts,
                                     const std::vector<int64_t>& recv_counts, OpInfo info) {
-  auto sc = std::make_shared<std::vector<int>>(to_ints(send_counts, "all_to_all"));
-  auto rc = std::make_shared<std::vector<int>>(to_ints(recv_counts, "all_to_all"));
-  auto sd = std::make_shared<std::vector<int>>(displacements(*sc));
-  auto rd = std::make_shared<std::vector<int>>(displacements(*rc));
+  std::vector<int> sc = to_ints(send_counts, "all_to_all"), rc = to_ints(recv_counts, "all_to_all");
+  std::vector<int> sd = displacements(sc), rd = displacements(rc);
   MPI_Datatype type = mpi_type(in.scalar_type());
-  MPI_Request req;
-  check_mpi(MPI_Ialltoallv(in.data_ptr(), sc->data(), sd->data(), type, out.data_ptr(), rc->data(),
-                           rd->data(), type, comm_, &req),
-            "MPI_Ialltoallv");
-  auto w = make_work(req, {out, in}, std::move(info));
-  w->then([sc, rc, sd, rd] {});
-  return w;
+  MPI_Comm comm = comm_;
+  return submit(
+      [out, in, sc, rc, sd, rd, type, comm] {
+        check_mpi(MPI_Alltoallv(in.data_ptr(), sc.data(), sd.data(), type, out.data_ptr(), rc.data(),
+                                rd.data(), type, comm),
+                  "MPI_Alltoallv");
+      },
+      std::move(info));
 }
 
+// Point-to-point calls are non-blocking on the communication thread (which tests them while idle), so that a
+// send and the matching recv issued back to back by two ranks cannot deadlock the serial thread of either.
 WorkPtr MpiBackend::do_send(const at::Tensor& t, int dst, int tag, OpInfo info) {
-  MPI_Request req;
-  check_mpi(
-      MPI_Isend(t.data_ptr(), to_int(t.numel(), "send"), mpi_type(t.scalar_type()), dst, tag, comm_, &req),
-      "MPI_Isend");
-  return make_work(req, {t}, std::move(info));
+  int n = to_int(t.numel(), "send");
+  MPI_Datatype type = mpi_type(t.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit_request(
+      [t, n, type, dst, tag, comm](MPI_Request* request) {
+        check_mpi(MPI_Isend(t.data_ptr(), n, type, dst, tag, comm, request), "MPI_Isend");
+      },
+      {t}, std::move(info));
 }
 
 WorkPtr MpiBackend::do_recv(at::Tensor& t, int src, int tag, OpInfo info) {
-  MPI_Request req;
-  check_mpi(
-      MPI_Irecv(t.data_ptr(), to_int(t.numel(), "recv"), mpi_type(t.scalar_type()), src, tag, comm_, &req),
-      "MPI_Irecv");
-  return make_work(req, {t}, std::move(info));
+  int n = to_int(t.numel(), "recv");
+  MPI_Datatype type = mpi_type(t.scalar_type());
+  MPI_Comm comm = comm_;
+  return submit_request(
+      [t, n, type, src, tag, comm](MPI_Request* request) {
+        check_mpi(MPI_Irecv(t.data_ptr(), n, type, src, tag, comm, request), "MPI_Irecv");
+      },
+      {t}, std::move(info));
 }
 
 WorkPtr MpiBackend::do_barrier(OpInfo info) {
-  MPI_Request req;
-  check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
-  return make_work(req, {}, std::move(info));
+  MPI_Comm comm = comm_;
+  return submit([comm] { check_mpi(MPI_Barrier(comm), "MPI_Barrier"); }, std::move(info));
 }
 
 std::shared_ptr<Backend> MpiBackend::do_split(int color, int key, const std::vector<int>& members,
@@ -339,10 +521,15 @@ std::shared_ptr<Backend> MpiBackend::do_split(int color, int key, const std::vec
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == group_rank()) new_rank = static_cast<int>(i);
   }
-  MPI_Comm sub;
-  check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, new_rank, &sub), "MPI_Comm_split");
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm comm = comm_;
+  env_->run(
+      [&] {
+        check_mpi(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, new_rank, &sub), "MPI_Comm_split");
+        if (sub != MPI_COMM_NULL) MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+      },
+      default_timeout(), "MPI_Comm_split");
   if (color < 0) return nullptr;
-  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
   std::vector<int> global;
   for (int g : members) global.push_back(global_ranks()[g]);
   return std::shared_ptr<MpiBackend>(

@@ -5,6 +5,8 @@
 
 #include <mpi.h>
 
+#include <functional>
+
 #include "comm/backend.h"
 
 namespace dtrain::comm {
@@ -41,8 +43,10 @@ class MpiBackend : public Backend {
   MpiBackend(std::shared_ptr<Environment> env, MPI_Comm comm, std::string group_id,
              std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout,
              c10::intrusive_ptr<c10d::Store> store);
-  // Wraps a started request; `keep` holds the tensors MPI reads or writes until it finished.
-  WorkPtr make_work(MPI_Request request, std::vector<at::Tensor> keep, OpInfo info);
+  // Queues `call` on the communication thread; the lambda owns the tensors and count arrays it uses.
+  WorkPtr submit(std::function<void()> call, OpInfo info);
+  // Queues a non-blocking call that starts a request; the Work completes when the request does.
+  WorkPtr submit_request(std::function<void(MPI_Request*)> start, std::vector<at::Tensor> keep, OpInfo info);
 
   std::shared_ptr<Environment> env_;
   MPI_Comm comm_;

@@ -1,0 +1,70 @@
+// Command-line options of `dtrain bench comm`; see cmd_bench.h.
+#include "apps/dtrain/cmd_bench.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace dtrain::apps {
+
+int64_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  double mult = -1;
+  if (unit.empty() || unit == "B") mult = 1;
+  if (unit == "K" || unit == "KB" || unit == "KiB") mult = 1024.0;
+  if (unit == "M" || unit == "MB" || unit == "MiB") mult = 1024.0 * 1024;
+  if (unit == "G" || unit == "GB" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  if (end == s.c_str() || mult < 0 || !(v > 0)) {
+    throw ValueError(str_cat("bench comm: size '", s,
+                             "' is not a size. Use a positive number with an optional unit ",
+                             "K, M or G (powers of 1024), e.g. 1K, 64M or 4096."));
+  }
+  return static_cast<int64_t>(v * mult);
+}
+
+namespace {
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.push_back(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app, BenchCommOptions& opts) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* comm = bench->add_subcommand("comm", "Collective bandwidth table; run it inside `dtrain run`");
+  comm->add_option("--backend", opts.backend, "gloo or mpi (default: from the launcher's environment)")
+      ->check(CLI::IsMember({"gloo", "mpi", "nccl"}));
+  comm->add_option_function<std::string>(
+      "--ops", [&opts](const std::string& v) { opts.ops = split_commas(v); },
+      "Comma-separated collectives (default: all_reduce,all_gather,reduce_scatter,broadcast,all_to_all)");
+  comm->add_option_function<std::string>(
+          "--min-bytes", [&opts](const std::string& v) { opts.min_bytes = parse_bytes(v); },
+          "Smallest size, e.g. 1K")
+      ->default_str("1K");
+  comm->add_option_function<std::string>(
+          "--max-bytes", [&opts](const std::string& v) { opts.max_bytes = parse_bytes(v); },
+          "Largest size, e.g. 64M")
+      ->default_str("64M");
+  comm->add_option("--step-factor", opts.step_factor, "Size multiplier between rows")->capture_default_str();
+  comm->add_option("--dtype", opts.dtype, "Element type")
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16", "int32", "int64"}))
+      ->capture_default_str();
+  comm->add_option("--iters", opts.iters, "Timed iterations per size (0: automatic)")->capture_default_str();
+  comm->add_option("--warmup", opts.warmup, "Untimed iterations per size")->capture_default_str();
+  comm->add_flag("--json", opts.json, "One JSON object per row instead of the table");
+  return comm;
+}
+
+}  // namespace dtrain::apps

@@ -1,0 +1,17 @@
+// Command-line options of `dtrain bench comm`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "apps/dtrain/bench_comm.h"
+
+namespace dtrain::apps {
+
+// Registers `bench` with its `comm` subcommand, filling `opts` when parsed (sizes such as "64M" are converted
+// after parsing; a bad one is a ValueError). Returns the `bench comm` subcommand.
+CLI::App* add_bench_command(CLI::App& app, BenchCommOptions& opts);
+
+// "1K" -> 1024, "64M" -> 67108864, "4096" -> 4096; ValueError with the value otherwise.
+int64_t parse_bytes(const std::string& s);
+
+}  // namespace dtrain::apps
