@@ -191,9 +191,9 @@ WorkPtr Backend::all_reduce(at::Tensor& tensor, const AllReduceOptions& opts) {
 
 WorkPtr Backend::reduce_scatter(at::Tensor& output, const at::Tensor& input,
                                 const ReduceScatterOptions& opts) {
+  // The equal-size form is reduce_scatter_v with equal counts, which checks everything else.
   check_tensor("reduce_scatter", "output", output);
   check_tensor("reduce_scatter", "input", input);
-  check_same_dtype("reduce_scatter", output, input);
   check_numel("reduce_scatter", "input", input.numel(), output.numel() * group_size(),
               str_cat("group_size ", group_size(), " x output ", output.numel()));
   std::vector<int64_t> counts(group_size(), output.numel());
@@ -235,9 +235,9 @@ WorkPtr Backend::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
 }
 
 WorkPtr Backend::all_gather(at::Tensor& output, const at::Tensor& input, const AllGatherOptions& opts) {
+  // The equal-size form is all_gather_v with equal counts, which checks everything else.
   check_tensor("all_gather", "output", output);
   check_tensor("all_gather", "input", input);
-  check_same_dtype("all_gather", output, input);
   check_numel("all_gather", "output", output.numel(), input.numel() * group_size(),
               str_cat("group_size ", group_size(), " x input ", input.numel()));
   std::vector<int64_t> counts(group_size(), input.numel());

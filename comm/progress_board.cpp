@@ -38,8 +38,9 @@ std::string ProgressBoard::key(int group_rank) const {
 }
 
 void ProgressBoard::enter(uint64_t seq, const char* op) {
-  entered_op_.store(op, std::memory_order_relaxed);
-  entered_seq_.store(seq, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mu_);
+  entered_seq_ = seq;
+  entered_op_ = op;
 }
 
 void ProgressBoard::publish_loop() {
@@ -47,9 +48,9 @@ void ProgressBoard::publish_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, kPublishInterval);
-    uint64_t seq = entered_seq_.load(std::memory_order_acquire);
+    uint64_t seq = entered_seq_;
     if (seq == published || stop_) continue;
-    std::string value = str_cat(seq, " ", entered_op_.load(std::memory_order_relaxed));
+    std::string value = str_cat(seq, " ", entered_op_);
     lock.unlock();
     try {
       store_->set(key(group_rank_), std::vector<uint8_t>(value.begin(), value.end()));

@@ -1,10 +1,9 @@
 // ProgressBoard: each rank publishes the last collective it entered (sequence number and op) to the job's
 // key-value store, so that a rank whose collective times out can name the peers that never arrived.
-// Publishing happens on a background thread a few times a second, so the collectives themselves pay one
-// atomic store.
+// Publishing happens on a background thread a few times a second, so the collectives themselves only take an
+// uncontended lock.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -44,11 +43,11 @@ class ProgressBoard {
   std::string group_;
   std::vector<int> global_ranks_;
   int group_rank_;
-  std::atomic<uint64_t> entered_seq_{0};
-  std::atomic<const char*> entered_op_{"none"};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
+  uint64_t entered_seq_ = 0;         // guarded by mu_
+  const char* entered_op_ = "none";  // guarded by mu_; published together with entered_seq_
+  bool stop_ = false;                // guarded by mu_
   std::thread publisher_;
 };
 

@@ -55,7 +55,7 @@ void Work::wait_impl(Clock::time_point deadline) {
   };
   bool finished = false;
   try {
-    if (info_.diagnose && deadline - Clock::now() > 2 * snapshot_margin) {
+    if (info_.diagnose && deadline == info_.deadline && deadline - Clock::now() > 2 * snapshot_margin) {
       finished = wait_until(deadline - snapshot_margin);
       if (!finished) snapshot = info_.diagnose();
     }
@@ -74,8 +74,16 @@ void Work::wait_impl(Clock::time_point deadline) {
                           e.what(), diag.empty() ? "" : " ", diag)));
   }
   if (!error_ && !finished) {
-    std::string diag = diagnosis();
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - info_.issued);
+    if (deadline < info_.deadline) {
+      // Only the caller's shorter wait ran out: the op itself still has time, so nothing is stored.
+      throw TimeoutError(
+          str_cat(describe(info_), " is still running after ", waited.count(), " ms (the wait allowed ",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - info_.issued).count(),
+                  " ms of the op's ", info_.timeout.count(), " ms). Wait again to let it finish."));
+    }
+    std::string diag = diagnosis();
+    on_timed_out();
     error_ = std::make_exception_ptr(TimeoutError(
         str_cat(describe(info_), " timed out after ", waited.count(), " ms waiting for ranks ",
                 peers_str(info_.peers), ".", diag.empty() ? "" : " ", diag,
@@ -83,9 +91,21 @@ void Work::wait_impl(Clock::time_point deadline) {
                 "collectives is just slow, raise the timeout (DTRAIN_TIMEOUT=seconds).")));
   }
   if (error_) std::rethrow_exception(error_);
-  done_ = true;
-  for (auto& step : steps_) step();
+  run_steps();
+}
+
+void Work::run_steps() {
+  // Completion steps (copy-back, avg, unpadding) run once; an error in one is stored like an engine error.
+  try {
+    for (auto& step : steps_) step();
+  } catch (const std::exception& e) {
+    error_ =
+        std::make_exception_ptr(CommError(str_cat(describe(info_), " failed while completing: ", e.what())));
+    steps_.clear();
+    std::rethrow_exception(error_);
+  }
   steps_.clear();
+  done_ = true;
 }
 
 }  // namespace dtrain::comm

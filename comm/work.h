@@ -37,9 +37,12 @@ class Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  // Waits until the op's own deadline (issue time + its timeout).
+  // Waits until the op's own deadline (issue time + its timeout). Past it: TimeoutError, and the op counts as
+  // failed (later waits rethrow the same error; the backend may refuse further ops).
   void wait();
-  // Waits at most `timeout` (and never past the op's deadline).
+  // Waits at most `timeout`, never past the op's deadline. If the op is still running when a `timeout`
+  // shorter than the op's own runs out, throws TimeoutError but the op goes on: a later wait() can still
+  // succeed.
   void wait(std::chrono::milliseconds timeout);
   // True once the engine finished (successfully or not); does not run completion steps.
   bool is_completed();
@@ -51,11 +54,15 @@ class Work {
  protected:
   // Blocks until the engine finished or `deadline`; returns false on timeout. Engine errors propagate as
   // exceptions.
+  // Must not treat a missed `deadline` as a failure: wait() also calls it with earlier deadlines.
   virtual bool wait_until(Clock::time_point deadline) = 0;
   virtual bool poll() = 0;
+  // Called once when the op passed its own deadline unfinished (the engine may be stuck in it).
+  virtual void on_timed_out() {}
 
  private:
   void wait_impl(Clock::time_point deadline);
+  void run_steps();
   OpInfo info_;
   std::vector<std::function<void()>> steps_;
   bool done_ = false;

@@ -56,6 +56,7 @@ void expect_all_ok(const Job& job, int n) {
   for (int r = 0; r < n; ++r) {
     std::string report = read_file(job.dir / ("rank" + std::to_string(r) + ".txt"));
     EXPECT_EQ(report.rfind("ok ", 0), 0u) << "rank " << r << " reported:\n" << report;
+    EXPECT_GT(std::atoi(report.c_str() + 3), 0) << "rank " << r << " ran no checks";
   }
   fs::remove_all(job.dir);
 }
@@ -98,6 +99,18 @@ TEST_P(Groups, MissingRankIsNamedWithinTimeout) {
   }
   EXPECT_LT(job.seconds, 30.0);
   fs::remove_all(job.dir);
+}
+
+// A wait shorter than the op's timeout runs out: TimeoutError, but the op and the group carry on.
+TEST_P(Groups, ShortWaitIsNotFatal) {
+  Job job = run_worker(GetParam(), 3, "short-wait");
+  expect_all_ok(job, 3);
+}
+
+// Ranks late by most of the timeout: the collective still succeeds, and the backend stays usable.
+TEST_P(Groups, DelayedRanksWithinTheTimeout) {
+  Job job = run_worker(GetParam(), 3, "delayed");
+  expect_all_ok(job, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, Groups, ::testing::Values("gloo", "mpi"));

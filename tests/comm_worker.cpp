@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "comm/factory.h"
 #include "core/error.h"
@@ -17,6 +18,7 @@
 
 using namespace dtrain;
 using comm::ReduceOp;
+using comm::WorkPtr;
 
 namespace {
 
@@ -144,8 +146,8 @@ void suite_collectives(comm::Backend& b, const std::vector<int64_t>& sizes) {
         for (int g = 0; g < ws; ++g) {
           sc[g] = c(me, g);
           rc[g] = c(g, me);
-          mine.push_back(input_of(me * 100 + g, sc[g], dt));
-          want.push_back(input_of(g * 100 + me, rc[g], dt));
+          mine.push_back(input_of(me * 13 + g, sc[g], dt));  // 13: not 1 mod 11, so (from, to) != (to, from)
+          want.push_back(input_of(g * 13 + me, rc[g], dt));
         }
         at::Tensor out = at::empty({std::accumulate(rc.begin(), rc.end(), int64_t{0})}, dt);
         b.all_to_all_v(out, at::cat(mine), sc, rc)->wait();
@@ -200,6 +202,25 @@ void suite_mesh(const comm::BackendPtr& world) {
     for (int64_t r : slice) want += r * r + 1;
     check_equal(str_cat("mesh axis ", a, " all_reduce"), x, at::full({3}, want, at::kLong));
   }
+  // Collectives on different groups issued in different orders: ranks 0 and 3 issue dp then tp, ranks 1 and 2
+  // tp then dp, all asynchronously. Each group sees one order, so this is valid, and no rank may wait on
+  // another group.
+  {
+    bool dp_first = me == 0 || me == 3;
+    at::Tensor a = at::full({5}, static_cast<int64_t>(me + 1), at::kLong);
+    at::Tensor b = at::full({5}, static_cast<int64_t>(10 * (me + 1)), at::kLong);
+    const auto& first = m.axis_group(dp_first ? "dp" : "tp");
+    const auto& second = m.axis_group(dp_first ? "tp" : "dp");
+    auto w1 = first->all_reduce(dp_first ? a : b);
+    auto w2 = second->all_reduce(dp_first ? b : a);
+    w2->wait();
+    w1->wait();
+    int64_t want_a = 0, want_b = 0;  // a is reduced over dp, b over tp
+    for (int64_t r : mesh::axis_slice(me, m.shape(), 0)) want_a += r + 1;
+    for (int64_t r : mesh::axis_slice(me, m.shape(), 1)) want_b += 10 * (r + 1);
+    check_equal("crossed groups dp", a, at::full({5}, want_a, at::kLong));
+    check_equal("crossed groups tp", b, at::full({5}, want_b, at::kLong));
+  }
   auto tp = m.sub_mesh("tp");
   ++g_checks;
   if (tp.ndim() != 1 || tp.size() != 2 || tp.coordinate()[0] != m.coordinate()[1])
@@ -250,6 +271,54 @@ void suite_missing_rank(comm::Backend& b, std::ofstream& out) {
   }
 }
 
+// A wait shorter than the op's timeout that runs out is not fatal: rank 0 waits 100 ms for an all_reduce the
+// others enter only after rank 0 sends them a token; it gets a TimeoutError, sends the token, and its next
+// wait succeeds.
+void suite_short_wait(comm::Backend& b) {
+  const int ws = b.group_size(), me = b.group_rank();
+  at::Tensor x = at::full({8}, static_cast<int64_t>(me + 1), at::kLong);
+  at::Tensor want = at::full({8}, static_cast<int64_t>(ws * (ws + 1) / 2), at::kLong);
+  if (me == 0) {
+    auto w = b.all_reduce(x);
+    ++g_checks;
+    try {
+      w->wait(std::chrono::milliseconds(100));
+      g_failures += "FAIL: the all_reduce finished before the others entered it\n";
+    } catch (const TimeoutError& e) {
+      if (std::string(e.what()).find("is still running") == std::string::npos) {
+        g_failures += str_cat("FAIL short wait message: ", e.what(), "\n");
+      }
+    }
+    std::vector<WorkPtr> sends;
+    for (int r = 1; r < ws; ++r) sends.push_back(b.send(at::ones({1}), r));
+    for (auto& s : sends) s->wait();
+    w->wait();
+  } else {
+    at::Tensor token = at::empty({1});
+    b.recv(token, 0)->wait();
+    b.all_reduce(x)->wait();
+  }
+  check_equal("all_reduce after a short wait", x, want);
+  at::Tensor y = at::ones({3}, at::kLong);
+  b.all_reduce(y)->wait();  // the group is still healthy
+  check_equal("next all_reduce", y, at::full({3}, static_cast<int64_t>(ws), at::kLong));
+}
+
+// Fault injection: every rank but 0 is late by most of the timeout (4 s); the collective must still succeed,
+// and so must the next one (a late op must not poison the backend).
+void suite_delayed(comm::Backend& b) {
+  const int ws = b.group_size(), me = b.group_rank();
+  if (me != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(3200));  // the injected delay, not a sync
+  at::Tensor x = at::full({4}, static_cast<int64_t>(me), at::kLong);
+  b.all_reduce(x, {ReduceOp::kSum, std::chrono::milliseconds(4000)})->wait();
+  check_equal("delayed all_reduce", x, at::full({4}, static_cast<int64_t>(ws * (ws - 1) / 2), at::kLong));
+  b.barrier()->wait();
+  at::Tensor y = at::ones({2});
+  b.all_reduce(y)->wait();
+  check_equal("all_reduce after the delayed one", y, at::full({2}, static_cast<float>(ws)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -263,6 +332,10 @@ int main(int argc, char** argv) {
       suite_collectives(*world, {0, 1, 37, 262147});
     } else if (suite == "mesh") {
       suite_mesh(world);
+    } else if (suite == "short-wait") {
+      suite_short_wait(*world);
+    } else if (suite == "delayed") {
+      suite_delayed(*world);
     } else if (suite == "missing-rank") {
       suite_missing_rank(*world, out);
     } else {

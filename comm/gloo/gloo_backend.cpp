@@ -5,7 +5,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -61,6 +65,107 @@ class GlooWork : public Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+};
+
+}  // namespace
+
+// Waits for c10d's send/recv Works on a thread of its own, in issue order. Their isCompleted() only turns
+// true inside wait(), and a timed wait() on them that expires closes every connection of the group, so a
+// caller's short wait must never reach them: the waiter waits once, up to the op's own deadline, and the
+// caller waits on the waiter.
+class GlooBackend::P2pWaiter {
+ public:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;         // guarded by mu
+    std::exception_ptr error;  // guarded by mu
+  };
+
+  P2pWaiter() : thread_([this] { loop(); }) {}
+  ~P2pWaiter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // each queued wait ends by its op's deadline
+  }
+
+  std::shared_ptr<State> add(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline) {
+    auto state = std::make_shared<State>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({std::move(work), deadline, state});
+    }
+    cv_.notify_one();
+    return state;
+  }
+
+ private:
+  struct Item {
+    c10::intrusive_ptr<c10d::Work> work;
+    Clock::time_point deadline;
+    std::shared_ptr<State> state;
+  };
+
+  void loop() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      bool done = true;
+      try {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(item.deadline - Clock::now());
+        item.work->wait(std::max(left, std::chrono::milliseconds(1)) + kGlooGrace);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(item.state->mu);
+        item.state->done = done;
+        item.state->error = error;
+      }
+      item.state->cv.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;  // guarded by mu_
+  bool stop_ = false;       // guarded by mu_
+  std::thread thread_;
+};
+
+namespace {
+
+class GlooP2pWork : public Work {
+ public:
+  GlooP2pWork(OpInfo info, std::shared_ptr<GlooBackend::P2pWaiter::State> state)
+      : Work(std::move(info)), state_(std::move(state)) {}
+
+ protected:
+  bool poll() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->error) std::rethrow_exception(state_->error);
+    return state_->done;
+  }
+
+  bool wait_until(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    if (!state_->cv.wait_until(lock, deadline, [&] { return state_->done; })) return false;
+    if (state_->error) std::rethrow_exception(state_->error);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<GlooBackend::P2pWaiter::State> state_;
 };
 
 std::shared_ptr<::gloo::transport::Device> make_device() {
@@ -126,6 +231,11 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, c10::int
       pg_(std::move(pg)) {}
 
 GlooBackend::~GlooBackend() = default;
+
+GlooBackend::P2pWaiter* GlooBackend::waiter() {
+  if (!waiter_) waiter_ = std::make_unique<P2pWaiter>();
+  return waiter_.get();
+}
 
 namespace {
 std::chrono::milliseconds gloo_timeout(const OpInfo& info) { return info.timeout + kGlooGrace; }
@@ -203,12 +313,14 @@ WorkPtr GlooBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
 
 WorkPtr GlooBackend::do_send(const at::Tensor& t, int dst, int tag, OpInfo info) {
   std::vector<at::Tensor> ts{t};
-  return std::make_shared<GlooWork>(std::move(info), pg_->send(ts, dst, tag));
+  auto state = waiter()->add(pg_->send(ts, dst, tag), info.deadline);
+  return std::make_shared<GlooP2pWork>(std::move(info), std::move(state));
 }
 
 WorkPtr GlooBackend::do_recv(at::Tensor& t, int src, int tag, OpInfo info) {
   std::vector<at::Tensor> ts{t};
-  return std::make_shared<GlooWork>(std::move(info), pg_->recv(ts, src, tag));
+  auto state = waiter()->add(pg_->recv(ts, src, tag), info.deadline);
+  return std::make_shared<GlooP2pWork>(std::move(info), std::move(state));
 }
 
 WorkPtr GlooBackend::do_barrier(OpInfo info) {

@@ -45,6 +45,13 @@ class GlooBackend : public Backend {
               std::chrono::milliseconds timeout);
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+
+ public:
+  class P2pWaiter;  // waits for send/recv on a thread of its own (gloo_backend.cpp)
+
+ private:
+  P2pWaiter* waiter();
+  std::unique_ptr<P2pWaiter> waiter_;  // started on the first send/recv; destroyed before pg_
 };
 
 }  // namespace dtrain::comm

@@ -14,12 +14,17 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/mpi/detail/comm_thread.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace dtrain::comm {
 
 namespace {
+
+// Set once an operation timed out: a communication thread may be stuck inside MPI, so MPI_Finalize must not
+// run.
+std::atomic<bool> g_mpi_failed{false};
 
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -83,28 +88,23 @@ std::vector<int> to_ints(const std::vector<int64_t>& v, const char* op) {
   return out;
 }
 
-std::vector<int> displacements(const std::vector<int>& counts) {
+// Offsets of consecutive chunks; MPI takes them as int, so the total must fit too.
+std::vector<int> displacements(const std::vector<int>& counts, const char* op) {
   std::vector<int> d(counts.size(), 0);
-  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  int64_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    d[i] = static_cast<int>(total);
+    total += counts[i];
+  }
+  to_int(total, op);
   return d;
 }
 
 // One queued MPI call and its outcome.
-struct Task {
-  std::function<void()> call;
-  // Non-blocking calls (MPI_Isend, MPI_Irecv) leave their request here; the task completes when it does.
-  MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<at::Tensor> keep;  // the buffers of a pending request
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;         // guarded by mu
-  std::exception_ptr error;  // guarded by mu
-};
-
 class MpiWork : public Work {
  public:
-  MpiWork(OpInfo info, std::shared_ptr<Task> task, std::function<void()> on_timeout)
-      : Work(std::move(info)), task_(std::move(task)), on_timeout_(std::move(on_timeout)) {}
+  MpiWork(OpInfo info, std::shared_ptr<detail::Task> task, std::shared_ptr<detail::CommThread> thread)
+      : Work(std::move(info)), task_(std::move(task)), thread_(std::move(thread)) {}
 
  protected:
   bool poll() override {
@@ -115,27 +115,27 @@ class MpiWork : public Work {
 
   bool wait_until(Clock::time_point deadline) override {
     std::unique_lock<std::mutex> lock(task_->mu);
-    if (!task_->cv.wait_until(lock, deadline, [&] { return task_->done; })) {
-      on_timeout_();
-      return false;
-    }
+    if (!task_->cv.wait_until(lock, deadline, [&] { return task_->done; })) return false;
     if (task_->error) std::rethrow_exception(task_->error);
     return true;
   }
 
+  void on_timed_out() override {
+    thread_->abandon();   // its thread may stay blocked inside MPI
+    g_mpi_failed = true;  // MPI_Finalize would hang
+  }
+
  private:
-  std::shared_ptr<Task> task_;
-  std::function<void()> on_timeout_;
+  std::shared_ptr<detail::Task> task_;
+  std::shared_ptr<detail::CommThread> thread_;
 };
 
 }  // namespace
 
-// MPI itself, shared by the world group and every sub-group: initialised once, finalised when the last group
-// goes, unless an operation failed (a pending collective would make MPI_Finalize hang; the launcher ends the
-// job instead).
+// MPI itself, shared by every MpiBackend of the process: initialised once with MPI_THREAD_MULTIPLE (each
+// group has its own communication thread), finalised when the last group goes, unless an operation timed out.
 struct MpiBackend::Environment {
   bool we_initialised = false;
-  std::atomic<bool> failed{false};
   MPI_Op ops16[2][3];  // [bf16, f16][sum, max, min]
 
   Environment() {
@@ -143,16 +143,17 @@ struct MpiBackend::Environment {
     MPI_Initialized(&initialised);
     int provided = 0;
     if (!initialised) {
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       we_initialised = true;
     } else {
       MPI_Query_thread(&provided);
     }
-    if (provided < MPI_THREAD_SERIALIZED) {
-      throw NotSupportedError(str_cat("mpi backend: MPI provides thread level ", provided,
-                                      " but dtrain needs MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED,
-                                      ") for its communication thread. Initialise MPI with MPI_Init_thread("
-                                      "MPI_THREAD_SERIALIZED) or let dtrain initialise it."));
+    if (provided < MPI_THREAD_MULTIPLE) {
+      throw NotSupportedError(
+          str_cat("mpi backend: MPI provides thread level ", provided,
+                  " but dtrain needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+                  ") for its per-group communication threads. Use an MPI built with thread "
+                  "support, and let dtrain initialise it or call MPI_Init_thread yourself."));
     }
     MPI_Op_create(&reduce16<c10::BFloat16, Add>, 1, &ops16[0][0]);
     MPI_Op_create(&reduce16<c10::BFloat16, Max>, 1, &ops16[0][1]);
@@ -160,21 +161,10 @@ struct MpiBackend::Environment {
     MPI_Op_create(&reduce16<c10::Half, Add>, 1, &ops16[1][0]);
     MPI_Op_create(&reduce16<c10::Half, Max>, 1, &ops16[1][1]);
     MPI_Op_create(&reduce16<c10::Half, Min>, 1, &ops16[1][2]);
-    worker_ = std::thread([this] { work_loop(); });
   }
 
   ~Environment() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (failed) {
-      // The thread may be blocked in a collective that will never complete; MPI_Finalize would hang too.
-      worker_.detach();
-      return;
-    }
-    worker_.join();
+    if (g_mpi_failed) return;
     for (auto& row : ops16) {
       for (auto& op : row) MPI_Op_free(&op);
     }
@@ -183,216 +173,137 @@ struct MpiBackend::Environment {
     if (we_initialised && !finalised) MPI_Finalize();
   }
 
-  MPI_Op op(ReduceOp op, at::ScalarType t) {
+  MPI_Op op(ReduceOp op, at::ScalarType t) const {
     int k = op == ReduceOp::kSum ? 0 : op == ReduceOp::kMax ? 1 : 2;
     if (t == at::kBFloat16) return ops16[0][k];
     if (t == at::kHalf) return ops16[1][k];
     return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
   }
 
-  // Queues an MPI call; calls run one at a time, in order, on the communication thread.
-  std::shared_ptr<Task> submit(std::function<void()> call) {
-    auto task = std::make_shared<Task>();
-    task->call = std::move(call);
-    return enqueue(std::move(task));
-  }
-
-  std::shared_ptr<Task> enqueue(std::shared_ptr<Task> task) {
-    if (failed) {
-      throw CommError(str_cat(rank_prefix(),
-                              " mpi backend: an earlier operation failed or timed out, so MPI is in ",
-                              "an unknown state. Exit this process; the launcher stops the job."));
+  // The process's Environment, created on first use and kept while any MpiBackend holds it.
+  static std::shared_ptr<Environment> get() {
+    static std::mutex mu;
+    static std::weak_ptr<Environment> slot;
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto env = slot.lock()) return env;
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (finalised) {
+      throw NotSupportedError(
+          "mpi backend: MPI was already finalised in this process and cannot be started again. Keep one mpi "
+          "backend alive for the whole program.");
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(task);
-    }
-    cv_.notify_one();
-    return task;
+    auto env = std::make_shared<Environment>();
+    slot = env;
+    return env;
   }
-
-  // Runs an MPI call on the communication thread and waits for it (at most `timeout`).
-  void run(std::function<void()> call, std::chrono::milliseconds timeout, const char* what) {
-    auto task = submit(std::move(call));
-    std::unique_lock<std::mutex> lock(task->mu);
-    if (!task->cv.wait_for(lock, timeout, [&] { return task->done; })) {
-      failed = true;
-      throw TimeoutError(str_cat(rank_prefix(), " mpi backend: ", what, " did not finish within ",
-                                 timeout.count(), " ms. Check that every rank reaches it."));
-    }
-    if (task->error) std::rethrow_exception(task->error);
-  }
-
- private:
-  // Runs queued calls in order. While requests of non-blocking calls are pending and nothing is queued, tests
-  // them every few microseconds; a blocking collective progresses them too, inside MPI.
-  void work_loop() {
-    std::vector<std::shared_ptr<Task>> pending;
-    for (;;) {
-      std::shared_ptr<Task> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (pending.empty()) {
-          cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        } else {
-          cv_.wait_for(lock, std::chrono::microseconds(20), [&] { return stop_ || !queue_.empty(); });
-        }
-        if (stop_ && queue_.empty() && pending.empty()) return;
-        if (!queue_.empty()) {
-          task = std::move(queue_.front());
-          queue_.pop_front();
-        }
-      }
-      if (task) {
-        std::exception_ptr error;
-        try {
-          task->call();
-        } catch (...) {
-          error = std::current_exception();
-        }
-        task->call = nullptr;  // release the tensors it held (a pending request's task keeps them in `keep`)
-        if (!error && task->request != MPI_REQUEST_NULL) {
-          pending.push_back(std::move(task));
-        } else {
-          finish(*task, error);
-        }
-      }
-      for (size_t i = 0; i < pending.size();) {
-        int flag = 0;
-        int rc = MPI_Test(&pending[i]->request, &flag, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS || flag) {
-          std::exception_ptr error;
-          if (rc != MPI_SUCCESS) {
-            error = std::make_exception_ptr(
-                CommError(str_cat("MPI_Test returned ", rc, ": ", mpi_error_string(rc))));
-          }
-          finish(*pending[i], error);
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-          ++i;
-        }
-      }
-    }
-  }
-
-  static void finish(Task& task, std::exception_ptr error) {
-    task.keep.clear();
-    {
-      std::lock_guard<std::mutex> lock(task.mu);
-      task.done = true;
-      task.error = error;
-    }
-    task.cv.notify_all();
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Task>> queue_;  // guarded by mu_
-  bool stop_ = false;                        // guarded by mu_
-  std::thread worker_;
 };
 
 std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds timeout,
                                                      const std::string& store_host) {
-  // One Environment (and so one communication thread) per process, shared by every MpiBackend alive.
-  static std::mutex env_mu;
-  static std::weak_ptr<Environment> env_slot;
-  std::shared_ptr<Environment> env;
-  {
-    std::lock_guard<std::mutex> lock(env_mu);
-    env = env_slot.lock();
-    if (!env) {
-      int finalised = 0;
-      MPI_Finalized(&finalised);
-      if (finalised) {
-        throw NotSupportedError(
-            "mpi backend: MPI was already finalised in this process and cannot be started again. Keep one "
-            "mpi "
-            "backend alive for the whole program.");
-      }
-      env = std::make_shared<Environment>();
-      env_slot = env;
-    }
-  }
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0, size = 1;
-  env->run(
-      [&] {
-        check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
-        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-        MPI_Comm_rank(comm, &rank);
-        MPI_Comm_size(comm, &size);
-      },
-      timeout, "MPI_Comm_dup");
+  std::shared_ptr<Environment> env = Environment::get();
+  auto thread = detail::CommThread::start();
+  // Results of calls on the communication thread live in a shared block: a call that times out may still
+  // finish.
+  struct Setup {
+    MPI_Comm comm = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
+    int rank = 0, size = 1, port = 0;
+    char host[256] = {0};
+  };
+  auto setup = std::make_shared<Setup>();
+  try {
+    thread->run(
+        [setup] {
+          check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &setup->comm), "MPI_Comm_dup");
+          MPI_Comm_set_errhandler(setup->comm, MPI_ERRORS_RETURN);
+          check_mpi(MPI_Comm_dup(setup->comm, &setup->p2p), "MPI_Comm_dup");
+          MPI_Comm_rank(setup->comm, &setup->rank);
+          MPI_Comm_size(setup->comm, &setup->size);
+        },
+        timeout, "MPI_Comm_dup");
 
-  // The progress store: rank 0 serves it on a free port; its host and port travel over MPI.
-  c10d::TCPStoreOptions so;
-  so.numWorkers = size;
-  so.waitWorkers = false;
-  so.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  char host[256] = {0};
-  int port = 0;
-  if (rank == 0) {
-    so.isServer = true;
-    so.port = 0;
-    auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-    port = server->getPort();
-    if (!store_host.empty()) {
-      std::snprintf(host, sizeof(host), "%s", store_host.c_str());
-    } else {
-      gethostname(host, sizeof(host) - 1);
+    // The progress store: rank 0 serves it on a free port; its host and port travel over MPI.
+    c10d::TCPStoreOptions so;
+    so.numWorkers = setup->size;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    c10::intrusive_ptr<c10d::Store> store;
+    if (setup->rank == 0) {
+      so.isServer = true;
+      so.port = 0;
+      auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+      setup->port = server->getPort();
+      if (!store_host.empty()) {
+        std::snprintf(setup->host, sizeof(setup->host), "%s", store_host.c_str());
+      } else {
+        gethostname(setup->host, sizeof(setup->host) - 1);
+      }
+      store = server;
     }
-    store = server;
+    thread->run(
+        [setup] {
+          check_mpi(MPI_Bcast(&setup->port, 1, MPI_INT, 0, setup->comm), "MPI_Bcast");
+          check_mpi(MPI_Bcast(setup->host, sizeof(setup->host), MPI_CHAR, 0, setup->comm), "MPI_Bcast");
+        },
+        timeout, "sharing the store address (MPI_Bcast from rank 0)");
+    if (setup->rank != 0) {
+      so.isServer = false;
+      so.port = static_cast<uint16_t>(setup->port);
+      store = c10::make_intrusive<c10d::TCPStore>(std::string(setup->host), so);
+    }
+    std::vector<int> global(setup->size);
+    for (int r = 0; r < setup->size; ++r) global[r] = r;
+    return std::shared_ptr<MpiBackend>(
+        new MpiBackend(env, thread, setup->comm, setup->p2p, "world", global, setup->rank, timeout, store));
+  } catch (...) {
+    if (thread->failed()) g_mpi_failed = true;
+    thread->stop();
+    throw;
   }
-  env->run(
-      [&] {
-        check_mpi(MPI_Bcast(&port, 1, MPI_INT, 0, comm), "MPI_Bcast");
-        check_mpi(MPI_Bcast(host, sizeof(host), MPI_CHAR, 0, comm), "MPI_Bcast");
-      },
-      timeout, "sharing the store address (MPI_Bcast from rank 0)");
-  if (rank != 0) {
-    so.isServer = false;
-    so.port = static_cast<uint16_t>(port);
-    store = c10::make_intrusive<c10d::TCPStore>(std::string(host), so);
-  }
-  std::vector<int> global(size);
-  for (int r = 0; r < size; ++r) global[r] = r;
-  return std::shared_ptr<MpiBackend>(new MpiBackend(env, comm, "world", global, rank, timeout, store));
 }
 
-MpiBackend::MpiBackend(std::shared_ptr<Environment> env, MPI_Comm comm, std::string group_id,
-                       std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout,
+MpiBackend::MpiBackend(std::shared_ptr<Environment> env, std::shared_ptr<detail::CommThread> thread,
+                       MPI_Comm comm, MPI_Comm p2p_comm, std::string group_id, std::vector<int> global_ranks,
+                       int group_rank, std::chrono::milliseconds timeout,
                        c10::intrusive_ptr<c10d::Store> store)
     : Backend("mpi", std::move(group_id), std::move(global_ranks), group_rank, timeout, std::move(store)),
       env_(std::move(env)),
-      comm_(comm) {}
+      thread_(std::move(thread)),
+      comm_(comm),
+      p2p_comm_(p2p_comm) {}
 
 MpiBackend::~MpiBackend() {
-  if (env_->failed) return;
-  MPI_Comm comm = comm_;
-  try {
-    env_->run([comm]() mutable { MPI_Comm_free(&comm); }, default_timeout(), "MPI_Comm_free");
-  } catch (const std::exception&) {
-    // Destructors do not throw; a failed free leaves the communicator to MPI_Finalize.
+  bool failed = thread_->failed() || (p2p_thread_ && p2p_thread_->failed());
+  if (p2p_thread_) p2p_thread_->stop();
+  if (!failed) {
+    MPI_Comm comm = comm_, p2p = p2p_comm_;
+    try {
+      thread_->run(
+          [comm, p2p]() mutable {
+            MPI_Comm_free(&p2p);
+            MPI_Comm_free(&comm);
+          },
+          default_timeout(), "MPI_Comm_free");
+    } catch (const std::exception&) {
+      // Destructors do not throw; an unfreed communicator is left to MPI_Finalize.
+    }
   }
+  if (failed || thread_->failed()) g_mpi_failed = true;
+  thread_->stop();
 }
 
 WorkPtr MpiBackend::submit(std::function<void()> call, OpInfo info) {
-  std::shared_ptr<Environment> env = env_;
-  return std::make_shared<MpiWork>(std::move(info), env_->submit(std::move(call)),
-                                   [env] { env->failed = true; });
+  return std::make_shared<MpiWork>(std::move(info), thread_->enqueue(std::move(call)), thread_);
 }
 
 WorkPtr MpiBackend::submit_request(std::function<void(MPI_Request*)> start, std::vector<at::Tensor> keep,
                                    OpInfo info) {
-  std::shared_ptr<Environment> env = env_;
-  auto task = std::make_shared<Task>();
+  auto task = std::make_shared<detail::Task>();
   task->keep = std::move(keep);
-  Task* raw = task.get();  // the call runs while the queue holds the task
+  detail::Task* raw = task.get();  // the call runs while the queue holds the task
   task->call = [start, raw] { start(&raw->request); };
-  return std::make_shared<MpiWork>(std::move(info), env_->enqueue(std::move(task)),
-                                   [env] { env->failed = true; });
+  if (!p2p_thread_) p2p_thread_ = detail::CommThread::start();
+  return std::make_shared<MpiWork>(std::move(info), p2p_thread_->enqueue(std::move(task)), p2p_thread_);
 }
 
 WorkPtr MpiBackend::do_all_reduce(at::Tensor& t, ReduceOp op, OpInfo info) {
@@ -448,7 +359,7 @@ WorkPtr MpiBackend::do_all_gather(at::Tensor& out, const at::Tensor& in, OpInfo 
 WorkPtr MpiBackend::do_all_gather_v(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& counts,
                                     OpInfo info) {
   std::vector<int> c = to_ints(counts, "all_gather");
-  std::vector<int> d = displacements(c);
+  std::vector<int> d = displacements(c, "all_gather");
   int mine = c[group_rank()];
   MPI_Datatype type = mpi_type(in.scalar_type());
   MPI_Comm comm = comm_;
@@ -473,7 +384,7 @@ WorkPtr MpiBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
                                     const std::vector<int64_t>& send_counts,
                                     const std::vector<int64_t>& recv_counts, OpInfo info) {
   std::vector<int> sc = to_ints(send_counts, "all_to_all"), rc = to_ints(recv_counts, "all_to_all");
-  std::vector<int> sd = displacements(sc), rd = displacements(rc);
+  std::vector<int> sd = displacements(sc, "all_to_all"), rd = displacements(rc, "all_to_all");
   MPI_Datatype type = mpi_type(in.scalar_type());
   MPI_Comm comm = comm_;
   return submit(
@@ -490,7 +401,7 @@ WorkPtr MpiBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
 WorkPtr MpiBackend::do_send(const at::Tensor& t, int dst, int tag, OpInfo info) {
   int n = to_int(t.numel(), "send");
   MPI_Datatype type = mpi_type(t.scalar_type());
-  MPI_Comm comm = comm_;
+  MPI_Comm comm = p2p_comm_;
   return submit_request(
       [t, n, type, dst, tag, comm](MPI_Request* request) {
         check_mpi(MPI_Isend(t.data_ptr(), n, type, dst, tag, comm, request), "MPI_Isend");
@@ -501,7 +412,7 @@ WorkPtr MpiBackend::do_send(const at::Tensor& t, int dst, int tag, OpInfo info) 
 WorkPtr MpiBackend::do_recv(at::Tensor& t, int src, int tag, OpInfo info) {
   int n = to_int(t.numel(), "recv");
   MPI_Datatype type = mpi_type(t.scalar_type());
-  MPI_Comm comm = comm_;
+  MPI_Comm comm = p2p_comm_;
   return submit_request(
       [t, n, type, src, tag, comm](MPI_Request* request) {
         check_mpi(MPI_Irecv(t.data_ptr(), n, type, src, tag, comm, request), "MPI_Irecv");
@@ -521,19 +432,25 @@ std::shared_ptr<Backend> MpiBackend::do_split(int color, int key, const std::vec
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == group_rank()) new_rank = static_cast<int>(i);
   }
-  MPI_Comm sub = MPI_COMM_NULL;
+  // Shared: a split that times out may still finish after this frame is gone.
+  auto sub = std::make_shared<std::pair<MPI_Comm, MPI_Comm>>(MPI_COMM_NULL, MPI_COMM_NULL);
   MPI_Comm comm = comm_;
-  env_->run(
-      [&] {
-        check_mpi(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, new_rank, &sub), "MPI_Comm_split");
-        if (sub != MPI_COMM_NULL) MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  int mpi_color = color < 0 ? MPI_UNDEFINED : color;
+  thread_->run(
+      [sub, comm, mpi_color, new_rank] {
+        check_mpi(MPI_Comm_split(comm, mpi_color, new_rank, &sub->first), "MPI_Comm_split");
+        if (sub->first != MPI_COMM_NULL) {
+          MPI_Comm_set_errhandler(sub->first, MPI_ERRORS_RETURN);
+          check_mpi(MPI_Comm_dup(sub->first, &sub->second), "MPI_Comm_dup");
+        }
       },
       default_timeout(), "MPI_Comm_split");
   if (color < 0) return nullptr;
   std::vector<int> global;
   for (int g : members) global.push_back(global_ranks()[g]);
-  return std::shared_ptr<MpiBackend>(
-      new MpiBackend(env_, sub, group_id, global, new_rank, default_timeout(), store()));
+  return std::shared_ptr<MpiBackend>(new MpiBackend(env_, detail::CommThread::start(), sub->first,
+                                                    sub->second, group_id, global, new_rank,
+                                                    default_timeout(), store()));
 }
 
 }  // namespace dtrain::comm
