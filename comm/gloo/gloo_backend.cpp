@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/completion.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -75,13 +76,6 @@ class GlooWork : public Work {
 // caller waits on the waiter.
 class GlooBackend::P2pWaiter {
  public:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;         // guarded by mu
-    std::exception_ptr error;  // guarded by mu
-  };
-
   P2pWaiter() : thread_([this] { loop(); }) {}
   ~P2pWaiter() {
     {
@@ -92,8 +86,8 @@ class GlooBackend::P2pWaiter {
     thread_.join();  // each queued wait ends by its op's deadline
   }
 
-  std::shared_ptr<State> add(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline) {
-    auto state = std::make_shared<State>();
+  std::shared_ptr<Completion> add(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline) {
+    auto state = std::make_shared<Completion>();
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back({std::move(work), deadline, state});
@@ -106,7 +100,7 @@ class GlooBackend::P2pWaiter {
   struct Item {
     c10::intrusive_ptr<c10d::Work> work;
     Clock::time_point deadline;
-    std::shared_ptr<State> state;
+    std::shared_ptr<Completion> state;
   };
 
   void loop() {
@@ -120,19 +114,13 @@ class GlooBackend::P2pWaiter {
         queue_.pop_front();
       }
       std::exception_ptr error;
-      bool done = true;
       try {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(item.deadline - Clock::now());
         item.work->wait(std::max(left, std::chrono::milliseconds(1)) + kGlooGrace);
       } catch (...) {
         error = std::current_exception();
       }
-      {
-        std::lock_guard<std::mutex> lock(item.state->mu);
-        item.state->done = done;
-        item.state->error = error;
-      }
-      item.state->cv.notify_all();
+      item.state->finish(error);
     }
   }
 
@@ -144,29 +132,6 @@ class GlooBackend::P2pWaiter {
 };
 
 namespace {
-
-class GlooP2pWork : public Work {
- public:
-  GlooP2pWork(OpInfo info, std::shared_ptr<GlooBackend::P2pWaiter::State> state)
-      : Work(std::move(info)), state_(std::move(state)) {}
-
- protected:
-  bool poll() override {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->error) std::rethrow_exception(state_->error);
-    return state_->done;
-  }
-
-  bool wait_until(Clock::time_point deadline) override {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    if (!state_->cv.wait_until(lock, deadline, [&] { return state_->done; })) return false;
-    if (state_->error) std::rethrow_exception(state_->error);
-    return true;
-  }
-
- private:
-  std::shared_ptr<GlooBackend::P2pWaiter::State> state_;
-};
 
 std::shared_ptr<::gloo::transport::Device> make_device() {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
@@ -314,13 +279,13 @@ WorkPtr GlooBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
 WorkPtr GlooBackend::do_send(const at::Tensor& t, int dst, int tag, OpInfo info) {
   std::vector<at::Tensor> ts{t};
   auto state = waiter()->add(pg_->send(ts, dst, tag), info.deadline);
-  return std::make_shared<GlooP2pWork>(std::move(info), std::move(state));
+  return std::make_shared<CompletionWork>(std::move(info), std::move(state));
 }
 
 WorkPtr GlooBackend::do_recv(at::Tensor& t, int src, int tag, OpInfo info) {
   std::vector<at::Tensor> ts{t};
   auto state = waiter()->add(pg_->recv(ts, src, tag), info.deadline);
-  return std::make_shared<GlooP2pWork>(std::move(info), std::move(state));
+  return std::make_shared<CompletionWork>(std::move(info), std::move(state));
 }
 
 WorkPtr GlooBackend::do_barrier(OpInfo info) {

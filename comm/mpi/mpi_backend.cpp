@@ -101,32 +101,18 @@ std::vector<int> displacements(const std::vector<int>& counts, const char* op) {
 }
 
 // One queued MPI call and its outcome.
-class MpiWork : public Work {
+class MpiWork : public CompletionWork {
  public:
   MpiWork(OpInfo info, std::shared_ptr<detail::Task> task, std::shared_ptr<detail::CommThread> thread)
-      : Work(std::move(info)), task_(std::move(task)), thread_(std::move(thread)) {}
+      : CompletionWork(std::move(info), std::move(task)), thread_(std::move(thread)) {}
 
  protected:
-  bool poll() override {
-    std::lock_guard<std::mutex> lock(task_->mu);
-    if (task_->error) std::rethrow_exception(task_->error);
-    return task_->done;
-  }
-
-  bool wait_until(Clock::time_point deadline) override {
-    std::unique_lock<std::mutex> lock(task_->mu);
-    if (!task_->cv.wait_until(lock, deadline, [&] { return task_->done; })) return false;
-    if (task_->error) std::rethrow_exception(task_->error);
-    return true;
-  }
-
   void on_timed_out() override {
     thread_->abandon();   // its thread may stay blocked inside MPI
     g_mpi_failed = true;  // MPI_Finalize would hang
   }
 
  private:
-  std::shared_ptr<detail::Task> task_;
   std::shared_ptr<detail::CommThread> thread_;
 };
 

@@ -63,16 +63,6 @@ void CommThread::stop() {
   }
 }
 
-void CommThread::finish(Task& task, std::exception_ptr error) {
-  task.keep.clear();
-  {
-    std::lock_guard<std::mutex> lock(task.mu);
-    task.done = true;
-    task.error = error;
-  }
-  task.cv.notify_all();
-}
-
 void CommThread::loop() {
   std::vector<std::shared_ptr<Task>> pending;  // started non-blocking requests
   for (;;) {
@@ -102,7 +92,8 @@ void CommThread::loop() {
       if (!error && task->request != MPI_REQUEST_NULL) {
         pending.push_back(std::move(task));
       } else {
-        finish(*task, error);
+        task->keep.clear();
+        task->finish(error);
       }
     }
     for (size_t i = 0; i < pending.size();) {
@@ -115,7 +106,8 @@ void CommThread::loop() {
       std::exception_ptr error;
       if (rc != MPI_SUCCESS)
         error = std::make_exception_ptr(CommError(str_cat("MPI_Test returned error ", rc)));
-      finish(*pending[i], error);
+      pending[i]->keep.clear();
+      pending[i]->finish(error);
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }

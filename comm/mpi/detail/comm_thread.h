@@ -20,19 +20,17 @@
 #include <thread>
 #include <vector>
 
+#include "comm/completion.h"
+
 namespace dtrain::comm::detail {
 
-// One queued MPI call and its outcome.
-struct Task {
+// One queued MPI call; its outcome is the Completion it extends.
+struct Task : Completion {
   std::function<void()> call;
   // A non-blocking call (MPI_Isend, MPI_Irecv) leaves its request here; the task completes when the request
   // does.
   MPI_Request request = MPI_REQUEST_NULL;
   std::vector<at::Tensor> keep;  // buffers of a pending request
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;         // guarded by mu
-  std::exception_ptr error;  // guarded by mu
 };
 
 // Thread-safety: enqueue() and run() may be called from any thread. The worker holds a reference to the
@@ -57,7 +55,6 @@ class CommThread : public std::enable_shared_from_this<CommThread> {
  private:
   CommThread() = default;
   void loop();
-  static void finish(Task& task, std::exception_ptr error);
 
   std::mutex mu_;
   std::condition_variable cv_;
