@@ -1,0 +1,82 @@
+// Redistribution planning (DESIGN §4): turns placements A into placements B on one mesh as a sequence of
+// single-axis steps, found by Dijkstra over placement tuples with edge cost alpha + beta * bytes per (axis,
+// collective) plus a peak-memory term. Pure: sizes, placements and a cost model in, a plan out; the executor
+// runs it.
+//
+//   step             from -> to        valid when (a = the axis, "innermost": no later axis shards that dim)
+//   all_gather       S(d) -> R         d innermost on a
+//   all_to_all       S(i) -> S(j)      i and j innermost on a
+//   all_reduce       P(op) -> R        always
+//   reduce_scatter   P(op) -> S(d)     d innermost on a
+//   local slice      R -> S(d)         d innermost on a
+//   local partial    R -> P(op)        always (sum: coordinate 0 keeps the value, the others hold zeros)
+//   local scale      P(sum) <-> P(avg) always
+// The innermost rule keeps nested shards of one dim contiguous, so every step moves whole local blocks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tensor/cost_model.h"
+#include "tensor/placement.h"
+
+namespace dtrain::tensor {
+
+struct RedistributeProblem {
+  std::vector<int64_t> shape;       // global shape
+  int64_t element_size = 4;         // bytes per element
+  std::vector<int64_t> mesh_shape;  // one size per axis
+  Placements from, to;              // valid placements (check_placements)
+};
+
+struct RedistributeStep {
+  StepKind kind;
+  int axis;
+  Placement from, to;     // the placement of `axis` before and after
+  Placements after;       // every axis's placement after this step
+  double bytes = 0;       // per rank: bus bytes of a collective, copied bytes of a local step
+  double seconds = 0;     // predicted by the cost model
+  double peak_bytes = 0;  // the larger of the local buffers before and after
+};
+
+struct RedistributePlan {
+  RedistributeProblem problem;
+  std::vector<RedistributeStep> steps;
+  double seconds = 0;  // predicted time of all steps
+  double cost = 0;     // what the search minimised: seconds plus the memory term
+  int collectives() const;
+  // The chosen steps with predicted bytes and time, one per line.
+  std::string explain() const;
+};
+
+// The legal single-axis steps from `state`, each with its predicted cost.
+std::vector<RedistributeStep> next_steps(const RedistributeProblem& problem, const Placements& state,
+                                         const CostModel& model);
+
+// The cheapest plan (ties: fewer steps first in search order). The empty plan when from == to.
+RedistributePlan plan_redistribute(const RedistributeProblem& problem, const CostModel& model);
+
+// The reference route: gather everything to Replicate (innermost axis first), then slice and mark partial in
+// axis order. Every plan costs at most this.
+RedistributePlan naive_plan(const RedistributeProblem& problem, const CostModel& model);
+
+// Plans keyed by (shape, element size, mesh shape, from, to). Thread-safe. One cache per cost model.
+class PlanCache {
+ public:
+  explicit PlanCache(CostModel model) : model_(std::move(model)) {}
+  const RedistributePlan& get(const RedistributeProblem& problem);
+  size_t size() const;
+  const CostModel& model() const { return model_; }
+
+ private:
+  using Key = std::tuple<std::vector<int64_t>, int64_t, std::vector<int64_t>, Placements, Placements>;
+  CostModel model_;
+  mutable std::mutex mu_;
+  std::map<Key, RedistributePlan> plans_;  // guarded by mu_; node-based, so returned references stay valid
+};
+
+}  // namespace dtrain::tensor

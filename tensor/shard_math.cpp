@@ -1,0 +1,56 @@
+// Shard arithmetic; see shard_math.h.
+#include "tensor/shard_math.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dtrain::tensor {
+
+int64_t shard_size(int64_t n, int64_t k, int64_t r) { return n / k + (r < n % k ? 1 : 0); }
+
+int64_t shard_offset(int64_t n, int64_t k, int64_t r) { return r * (n / k) + std::min(r, n % k); }
+
+LocalChunk local_chunk(const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh_shape,
+                       const Placements& placements, const std::vector<int64_t>& coordinate) {
+  LocalChunk c{shape, std::vector<int64_t>(shape.size(), 0)};
+  for (size_t a = 0; a < placements.size(); ++a) {
+    if (!placements[a].is_shard()) continue;
+    int d = placements[a].dim;
+    c.offset[d] += shard_offset(c.shape[d], mesh_shape[a], coordinate[a]);
+    c.shape[d] = shard_size(c.shape[d], mesh_shape[a], coordinate[a]);
+  }
+  return c;
+}
+
+std::vector<int64_t> max_local_shape(const std::vector<int64_t>& shape,
+                                     const std::vector<int64_t>& mesh_shape, const Placements& placements) {
+  std::vector<int64_t> s = shape;
+  for (size_t a = 0; a < placements.size(); ++a) {
+    if (placements[a].is_shard()) s[placements[a].dim] = shard_size(s[placements[a].dim], mesh_shape[a], 0);
+  }
+  return s;
+}
+
+Placements check_placements(const char* who, const Placements& placements, int64_t ndim, int64_t mesh_ndim) {
+  if (static_cast<int64_t>(placements.size()) != mesh_ndim) {
+    throw ValueError(str_cat(who, ": ", placements.size(), " placements ", to_string(placements), " for a ",
+                             mesh_ndim, "-d mesh. Give one placement per mesh axis."));
+  }
+  Placements out = placements;
+  for (auto& p : out) {
+    if (!p.is_shard()) continue;
+    int d = p.dim < 0 ? static_cast<int>(p.dim + ndim) : p.dim;
+    if (d < 0 || d >= ndim) {
+      std::string options;
+      for (int64_t i = 0; i < ndim; ++i) options += str_cat(i ? ", " : "", "Shard(", i, ")");
+      throw ValueError(str_cat(who, ": Shard(", p.dim, ") is invalid for a ", ndim, "-d tensor",
+                               ndim > 0 ? str_cat(" (dims 0..", ndim - 1, ")") : std::string(), ". Use ",
+                               options, options.empty() ? "" : " or ", "Replicate()."));
+    }
+    p.dim = d;
+  }
+  return out;
+}
+
+}  // namespace dtrain::tensor
