@@ -48,6 +48,7 @@ struct RedistributePlan {
   std::vector<RedistributeStep> steps;
   double seconds = 0;  // predicted time of all steps
   double cost = 0;     // what the search minimised: seconds plus the memory term
+  // Collectives that move data (steps on axes of size 1 are relabellings and issue none).
   int collectives() const;
   // The chosen steps with predicted bytes and time, one per line.
   std::string explain() const;

@@ -76,6 +76,23 @@ INSTANTIATE_TEST_SUITE_P(AllBackends, Collectives,
                                   "ranks";
                          });
 
+// DTensor redistribution on real collectives: every source -> target pair on 1-d meshes of 1-4 ranks and on a
+// 2x2 mesh, uneven shape (7, 5), values exact, collectives issued as planned.
+class Redistribute : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Redistribute, EveryPairExactAndAsPlanned) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "redistribute");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, Redistribute,
+                         ::testing::Combine(::testing::Values("gloo", "mpi"), ::testing::Values(1, 2, 3, 4)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
+                         });
+
 class Groups : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Groups, MeshAxisGroupsAndSplitOn2x2) {

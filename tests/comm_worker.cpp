@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "mesh/mesh_math.h"
+#include "tensor/redistribute.h"
 
 using namespace dtrain;
 using comm::ReduceOp;
@@ -319,6 +320,107 @@ void suite_delayed(comm::Backend& b) {
   check_equal("all_reduce after the delayed one", y, at::full({2}, static_cast<float>(ws)));
 }
 
+// Values whose reduction with `op` over the k coordinates of axis `axis` is `v`, and that differ between
+// coordinates (so a result cannot match by coincidence): this coordinate's part. Integer-valued, so every
+// check is exact.
+at::Tensor partial_part(const at::Tensor& v, ReduceOp op, int64_t k, int64_t c, int axis) {
+  at::Tensor idx = at::arange(v.numel(), at::kLong).view(v.sizes()).to(v.scalar_type());
+  auto noise = [&](int64_t i) { return at::remainder(idx * 7 + i * 5 + axis * 3, 9) - 4; };
+  auto sum_part = [&](const at::Tensor& total) {
+    if (c < k - 1) return noise(c);
+    at::Tensor rest = total.clone();
+    for (int64_t i = 0; i < k - 1; ++i) rest -= noise(i);
+    return rest;
+  };
+  switch (op) {
+    case ReduceOp::kSum:
+      return sum_part(v);
+    case ReduceOp::kAvg:  // multiples of k, so that P(avg) -> P(sum) (a division by k) stays exact
+      return sum_part(v) * static_cast<double>(k);
+    case ReduceOp::kMax:
+      return c == axis % k ? v : v - (1 + at::remainder(idx + c, 3));
+    case ReduceOp::kMin:
+      return c == axis % k ? v : v + (1 + at::remainder(idx + c, 3));
+  }
+  return v;
+}
+
+// This rank's block of `g` laid out as `placements`, with asymmetric parts on Partial axes.
+at::Tensor block_of(const at::Tensor& g, const mesh::DeviceMesh& m, const tensor::Placements& placements) {
+  at::Tensor v = g;
+  for (size_t a = 0; a < placements.size(); ++a) {
+    if (placements[a].is_partial()) {
+      v = partial_part(v, placements[a].op, m.size(static_cast<int>(a)), m.coordinate()[a],
+                       static_cast<int>(a));
+    }
+  }
+  tensor::Placements shards_only = placements;
+  for (auto& p : shards_only) {
+    if (p.is_partial()) p = tensor::Replicate();
+  }
+  return tensor::local_block(v, m.shape(), shards_only, m.coordinate());
+}
+
+// Every source -> target pair: the executor's result equals the plain tensor's block, and the collectives it
+// issued are the plan's, in kind and number.
+void check_all_pairs(const mesh::DeviceMesh& m, const std::vector<tensor::Placement>& options) {
+  using namespace dtrain::tensor;
+  const std::vector<int64_t> shape{7, 5};
+  at::Tensor g = (at::arange(35, at::kLong).view({7, 5}) * 3 % 17 - 8).to(at::kDouble);
+  std::vector<Placements> all{{}};
+  for (int a = 0; a < m.ndim(); ++a) {
+    std::vector<Placements> next;
+    for (auto& p : all) {
+      for (auto& o : options) {
+        next.push_back(p);
+        next.back().push_back(o);
+      }
+    }
+    all = next;
+  }
+  PlanCache cache(CostModel::defaults(m.ndim()));
+  Placements replicated(m.ndim(), Replicate());
+  for (const Placements& from : all) {
+    for (const Placements& to : all) {
+      const RedistributePlan& plan = cache.get({shape, 8, m.shape(), from, to});
+      std::vector<IssuedCollective> issued;
+      at::Tensor out = run_redistribute(block_of(g, m, from), m, plan, &issued);
+      std::string what =
+          str_cat("redistribute ", to_string(from), " -> ", to_string(to), " on ", m.to_string());
+      ++g_checks;
+      std::vector<StepKind> planned, ran;
+      for (auto& s : plan.steps) {
+        if (is_collective(s.kind) && m.size(s.axis) > 1) planned.push_back(s.kind);  // size 1: nothing moves
+      }
+      for (auto& c : issued) ran.push_back(c.kind);
+      if (planned != ran) g_failures += str_cat("FAIL ", what, ": issued collectives differ from the plan\n");
+      bool has_partial = std::any_of(to.begin(), to.end(), [](const Placement& p) { return p.is_partial(); });
+      if (!has_partial) {
+        check_equal(what, out, local_block(g, m.shape(), to, m.coordinate()));
+      } else {  // a Partial result is checked through its reduction
+        at::Tensor full = run_redistribute(out, m, cache.get({shape, 8, m.shape(), to, replicated}));
+        check_equal(what + " (reduced)", full, g);
+      }
+    }
+  }
+}
+
+void suite_redistribute(const comm::BackendPtr& world) {
+  using tensor::Partial;
+  using tensor::Replicate;
+  using tensor::Shard;
+  const int ws = world->group_size();
+  mesh::DeviceMesh line(world, {ws}, {"x"});
+  check_all_pairs(line, {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::kSum), Partial(ReduceOp::kAvg),
+                         Partial(ReduceOp::kMax), Partial(ReduceOp::kMin)});
+  if (ws == 4) {
+    mesh::DeviceMesh square(world, {2, 2}, {"dp", "tp"});
+    check_all_pairs(square,
+                    {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::kSum), Partial(ReduceOp::kMax)});
+  }
+  world->barrier()->wait();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -332,6 +434,8 @@ int main(int argc, char** argv) {
       suite_collectives(*world, {0, 1, 37, 262147});
     } else if (suite == "mesh") {
       suite_mesh(world);
+    } else if (suite == "redistribute") {
+      suite_redistribute(world);
     } else if (suite == "short-wait") {
       suite_short_wait(*world);
     } else if (suite == "delayed") {
