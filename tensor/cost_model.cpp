@@ -1,6 +1,17 @@
 // CostModel; see cost_model.h.
 #include "tensor/cost_model.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "core/error.h"
 
 namespace dtrain::tensor {
@@ -40,6 +51,114 @@ CostModel CostModel::defaults(int axes) {
     }
   }
   return m;
+}
+
+CostModel CostModel::from_profile(const CommProfile& profile, int axes) {
+  CostModel m = defaults(axes);
+  const StepKind kinds[] = {StepKind::kAllGather, StepKind::kAllReduce, StepKind::kReduceScatter,
+                            StepKind::kAllToAll};
+  for (StepKind k : kinds) {
+    auto it = profile.collectives.find(to_string(k));
+    if (it == profile.collectives.end())
+      continue;  // keep the default for a collective the profile did not measure
+    for (int a = 0; a < axes; ++a) m.set(k, a, it->second);
+  }
+  return m;
+}
+
+AlphaBeta fit_alpha_beta(const std::vector<std::pair<double, double>>& pts) {
+  double n = static_cast<double>(pts.size()), sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : pts) {
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  double denom = n * sxx - sx * sx;
+  if (pts.size() < 2 || denom <= 0) {
+    throw ValueError(
+        str_cat("fit_alpha_beta: ", pts.size(),
+                " points with fewer than two distinct sizes cannot give alpha and beta. Measure at least "
+                "two sizes."));
+  }
+  double beta = (n * sxy - sx * sy) / denom;
+  double alpha = (sy - beta * sx) / n;
+  if (beta < 0) {  // time does not grow with size: all latency
+    beta = 0;
+    alpha = sy / n;
+  }
+  if (alpha < 0) {  // refit through the origin
+    alpha = 0;
+    beta = sxy / sxx;
+  }
+  return {alpha, beta};
+}
+
+void write_profile(const std::string& path, const CommProfile& profile) {
+  nlohmann::json j;
+  j["format"] = "dtrain-comm-profile";
+  j["version"] = 1;
+  j["backend"] = profile.backend;
+  j["ranks"] = profile.ranks;
+  for (const auto& [name, ab] : profile.collectives) {
+    j["collectives"][name] = {{"alpha_s", ab.alpha}, {"beta_s_per_byte", ab.beta}};
+  }
+  std::string text = j.dump(2) + "\n";
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw ValueError(str_cat("profile: cannot create ", tmp, ": ", std::strerror(errno),
+                             ". Choose a path in a writable folder."));
+  }
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    throw ValueError(str_cat("profile: writing ", path, " failed: ", std::strerror(err),
+                             ". The previous file, if any, is unchanged."));
+  }
+}
+
+CommProfile read_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw ValueError(str_cat("profile: cannot open ", path,
+                             ". Measure one with `dtrain run -n N -- dtrain bench comm --profile ", path,
+                             "`."));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw ValueError(
+        str_cat("profile: ", path, " is not JSON. Measure it again with dtrain bench comm --profile."));
+  }
+  if (j.value("format", "") != "dtrain-comm-profile" || j.value("version", 0) != 1) {
+    throw ValueError(str_cat("profile: ", path, " has format '", j.value("format", ""), "' version ",
+                             j.value("version", 0),
+                             "; expected 'dtrain-comm-profile' version 1. Measure it again."));
+  }
+  CommProfile p;
+  p.backend = j.value("backend", "");
+  p.ranks = j.value("ranks", 0);
+  if (!j.contains("collectives") || !j["collectives"].is_object()) {
+    throw ValueError(str_cat("profile: ", path, " has no \"collectives\" object. Measure it again."));
+  }
+  for (auto& [name, v] : j["collectives"].items()) {
+    if (!v.is_object() || !v.contains("alpha_s") || !v.contains("beta_s_per_byte") ||
+        !v["alpha_s"].is_number() || !v["beta_s_per_byte"].is_number()) {
+      throw ValueError(str_cat("profile: ", path, ": collectives.", name,
+                               " needs numbers alpha_s and beta_s_per_byte. Measure it again."));
+    }
+    AlphaBeta ab{v["alpha_s"].get<double>(), v["beta_s_per_byte"].get<double>()};
+    if (!(ab.alpha >= 0) || !(ab.beta >= 0) || !std::isfinite(ab.alpha) || !std::isfinite(ab.beta)) {
+      throw ValueError(str_cat("profile: ", path, ": collectives.", name, " has alpha_s=", ab.alpha,
+                               " beta_s_per_byte=", ab.beta, "; both must be finite and >= 0."));
+    }
+    p.collectives[name] = ab;
+  }
+  return p;
 }
 
 double CostModel::seconds(StepKind kind, int axis, double bytes) const {

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,33 @@ struct AlphaBeta {
   double beta = 0;   // seconds per (bus) byte
 };
 
+// Least-squares fit of seconds = alpha + beta * bytes over (bytes, seconds) points; alpha and beta are
+// clamped to be non-negative (a noisy sweep can otherwise give a negative intercept). ValueError for fewer
+// than two distinct sizes.
+AlphaBeta fit_alpha_beta(const std::vector<std::pair<double, double>>& bytes_seconds);
+
+// What `dtrain bench comm --profile FILE` measured: alpha and beta per collective ("all_gather",
+// "all_reduce", "reduce_scatter", "all_to_all", ...) on one backend at one number of ranks. Stored as JSON.
+struct CommProfile {
+  std::string backend;
+  int ranks = 0;
+  std::map<std::string, AlphaBeta> collectives;
+};
+
+// Writes to a temporary file in the same folder, syncs, and renames it over `path`: a reader never sees half
+// a file.
+void write_profile(const std::string& path, const CommProfile& profile);
+// ValueError naming the file and what is wrong (missing, not JSON, wrong format, missing or negative values).
+CommProfile read_profile(const std::string& path);
+
 class CostModel {
  public:
   // Defaults for a mesh of `axes` axes, from the figures of DESIGN §8 (loopback TCP, ~1 GB/s bus bandwidth,
   // ~0.2 ms per small collective; local copies at ~10 GB/s).
   static CostModel defaults(int axes);
+  // The defaults, with every axis's collectives replaced by the profile's measurements (the profile was
+  // measured on one group; each axis of the mesh is assumed to behave like it).
+  static CostModel from_profile(const CommProfile& profile, int axes);
 
   // Seconds for a step on `axis` moving `bytes` (bus bytes for collectives, copied bytes for local steps).
   double seconds(StepKind kind, int axis, double bytes) const;

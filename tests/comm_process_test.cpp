@@ -132,6 +132,24 @@ TEST_P(Groups, DelayedRanksWithinTheTimeout) {
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, Groups, ::testing::Values("gloo", "mpi"));
 
+// `dtrain bench comm --profile FILE` under the launcher writes the alpha-beta profile the DTensor cost model
+// reads.
+TEST(BenchProfile, WritesAProfileFile) {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  std::string path = (dir / "profile.json").string();
+  dtrain::launch::LaunchOptions o;
+  o.nproc = 2;
+  o.command = {DTRAIN_BINARY, "bench", "comm",      "--ops", "all_reduce,all_gather", "--max-bytes", "64K",
+               "--iters",     "3",     "--profile", path};
+  ASSERT_EQ(dtrain::launch::run(o), 0);
+  std::string text = read_file(path);
+  EXPECT_NE(text.find("\"format\": \"dtrain-comm-profile\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"all_gather\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"beta_s_per_byte\""), std::string::npos) << text;
+  fs::remove_all(dir);
+}
+
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -3,7 +3,11 @@
 // plan never costs more than the naive route (gather everything, then re-shard).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <iostream>
+
+#include "core/error.h"
 
 #include "tensor/redistribute_plan.h"
 
@@ -129,6 +133,54 @@ TEST(RedistributePlan, CacheReturnsTheSamePlan) {
   EXPECT_EQ(&a, &b);
   cache.get(problem({3}, {Shard(1)}, {Replicate()}));
   EXPECT_EQ(cache.size(), 2u);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CostProfile, FitRecoversAlphaAndBeta) {
+  std::vector<std::pair<double, double>> pts;
+  for (double b : {1e3, 1e4, 1e5, 1e6, 1e7}) pts.emplace_back(b, 2e-4 + 1e-9 * b);
+  AlphaBeta ab = fit_alpha_beta(pts);
+  EXPECT_NEAR(ab.alpha, 2e-4, 1e-9);
+  EXPECT_NEAR(ab.beta, 1e-9, 1e-15);
+  EXPECT_THROW(fit_alpha_beta({{1e3, 1.0}}), ValueError);
+  // Negative slopes from noise become pure latency.
+  AlphaBeta flat = fit_alpha_beta({{1e3, 2e-3}, {1e6, 1e-3}});
+  EXPECT_EQ(flat.beta, 0);
+  EXPECT_NEAR(flat.alpha, 1.5e-3, 1e-12);
+}
+
+TEST(CostProfile, RoundTripAndErrors) {
+  std::string path = ::testing::TempDir() + "/dtrain_profile_test.json";
+  CommProfile p{"gloo", 2, {{"all_reduce", {3e-4, 2e-9}}, {"all_gather", {1e-4, 1e-9}}}};
+  write_profile(path, p);
+  CommProfile q = read_profile(path);
+  EXPECT_EQ(q.backend, "gloo");
+  EXPECT_EQ(q.ranks, 2);
+  EXPECT_DOUBLE_EQ(q.collectives.at("all_reduce").beta, 2e-9);
+  CostModel m = CostModel::from_profile(q, 2);
+  EXPECT_DOUBLE_EQ(m.get(StepKind::kAllReduce, 1).alpha, 3e-4);
+  EXPECT_DOUBLE_EQ(m.get(StepKind::kAllToAll, 0).alpha,
+                   CostModel::defaults(1).get(StepKind::kAllToAll, 0).alpha);
+  auto message = [](const std::string& file) {
+    try {
+      read_profile(file);
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_NE(message(path + ".missing").find("cannot open"), std::string::npos);
+  { std::ofstream(path) << "{not json"; }
+  EXPECT_NE(message(path).find("is not JSON"), std::string::npos);
+  {
+    std::ofstream(path)
+        << R"({"format": "dtrain-comm-profile", "version": 1, "collectives": {"all_reduce": {"alpha_s": -1, "beta_s_per_byte": 0}}})";
+  }
+  EXPECT_NE(message(path).find("collectives.all_reduce has alpha_s=-1"), std::string::npos);
+  std::remove(path.c_str());
 }
 
 }  // namespace

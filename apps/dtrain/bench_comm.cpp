@@ -10,6 +10,7 @@
 
 #include "comm/factory.h"
 #include "core/error.h"
+#include "tensor/cost_model.h"
 
 namespace dtrain::apps {
 
@@ -88,6 +89,12 @@ int run_bench_comm(const BenchCommOptions& opts) {
   init.backend = opts.backend;
   comm::BackendPtr world = comm::init(init);
   const int n = world->group_size();
+  if (!opts.profile.empty() && n < 2) {
+    throw ValueError(
+        str_cat("bench comm: --profile ", opts.profile,
+                " needs at least 2 ranks (one rank moves nothing). Run it under `dtrain run -n 2` or more."));
+  }
+  tensor::CommProfile profile{world->name(), n, {}};
   const bool printer = world->group_rank() == 0;
   if (printer && !opts.json) {
     std::printf("# dtrain bench comm: backend %s, %d ranks, dtype %s, OMP_NUM_THREADS=%d\n",
@@ -95,6 +102,7 @@ int run_bench_comm(const BenchCommOptions& opts) {
     std::printf("# time: per call, the slowest rank's; min and median over iterations; bw from the median\n");
   }
   for (const auto& op : opts.ops) {
+    std::vector<std::pair<double, double>> fit_points;  // (bus bytes, median seconds)
     if (printer && !opts.json) {
       std::printf("\n# %s\n%12s %12s %8s %12s %12s %10s %10s\n", op.c_str(), "size(B)", "count", "iters",
                   "min(us)", "median(us)", "algbw", "busbw");
@@ -123,6 +131,7 @@ int run_bench_comm(const BenchCommOptions& opts) {
       double tmed = sorted[iters / 2].item<double>();
       double algbw = static_cast<double>(real_bytes) / tmed / 1e9;
       double busbw = algbw * bus_factor(op, n);
+      fit_points.emplace_back(static_cast<double>(real_bytes) * bus_factor(op, n), tmed);
       if (!printer) continue;
       if (opts.json) {
         nlohmann::json j{
@@ -136,6 +145,13 @@ int run_bench_comm(const BenchCommOptions& opts) {
       }
       std::fflush(stdout);
     }
+    if (!opts.profile.empty() && fit_points.size() >= 2)
+      profile.collectives[op] = tensor::fit_alpha_beta(fit_points);
+  }
+  if (!opts.profile.empty() && printer) {
+    tensor::write_profile(opts.profile, profile);
+    std::printf("\n# profile written to %s (alpha + beta * bus bytes per collective)\n",
+                opts.profile.c_str());
   }
   world->barrier()->wait();
   return 0;

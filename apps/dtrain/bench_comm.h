@@ -18,7 +18,8 @@ struct BenchCommOptions {
   std::string dtype = "float32";
   int iters = 0;  // 0: chosen per size so that every size takes a similar time
   int warmup = 2;
-  bool json = false;  // one JSON object per line instead of the table
+  bool json = false;    // one JSON object per line instead of the table
+  std::string profile;  // when set: fit alpha + beta * bus bytes per collective and write them there (JSON)
 };
 
 // Validates the options (ValueError naming the bad value) and runs the benchmark; rank 0 prints.

@@ -64,6 +64,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommOptions& opts) {
   comm->add_option("--iters", opts.iters, "Timed iterations per size (0: automatic)")->capture_default_str();
   comm->add_option("--warmup", opts.warmup, "Untimed iterations per size")->capture_default_str();
   comm->add_flag("--json", opts.json, "One JSON object per row instead of the table");
+  comm->add_option(
+      "--profile", opts.profile,
+      "Also fit alpha + beta * bytes per collective and write them to this JSON file (the cost model "
+      "of DTensor redistribution reads it)");
   return comm;
 }
 
