@@ -120,6 +120,10 @@ void write_profile(const std::string& path, const CommProfile& profile) {
   }
 }
 
+namespace {
+CommProfile parse_profile(const std::string& path, const std::string& text);
+}  // namespace
+
 CommProfile read_profile(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
@@ -129,7 +133,18 @@ CommProfile read_profile(const std::string& path) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  try {
+    return parse_profile(path, ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw ValueError(str_cat("profile: ", path, " has a value of the wrong type (", e.what(),
+                             "). Measure it again with dtrain bench comm --profile."));
+  }
+}
+
+namespace {
+
+CommProfile parse_profile(const std::string& path, const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     throw ValueError(
         str_cat("profile: ", path, " is not JSON. Measure it again with dtrain bench comm --profile."));
@@ -160,6 +175,8 @@ CommProfile read_profile(const std::string& path) {
   }
   return p;
 }
+
+}  // namespace
 
 double CostModel::seconds(StepKind kind, int axis, double bytes) const {
   const AlphaBeta& ab = get(kind, axis);

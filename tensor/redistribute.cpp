@@ -129,8 +129,12 @@ class Runner {
         if (s.to.op == ReduceOp::kSum && c != 0) return at::zeros_like(x);
         return x;
       case StepKind::kLocalScale:
-        return (s.to.op == ReduceOp::kAvg ? x * static_cast<double>(k) : x / static_cast<double>(k))
-            .to(x.scalar_type());
+        if (!at::isFloatingType(x.scalar_type())) {
+          throw ValueError(str_cat(rank_prefix(), " redistribute: ", s.from.to_string(), " -> ",
+                                   s.to.to_string(), " on ", x.scalar_type(),
+                                   " would truncate. Use a floating dtype or Partial(sum)."));
+        }
+        return s.to.op == ReduceOp::kAvg ? x * static_cast<double>(k) : x / static_cast<double>(k);
     }
     DTRAIN_ASSERT(false, "unknown step kind");
     return x;

@@ -58,7 +58,8 @@ struct RedistributePlan {
 std::vector<RedistributeStep> next_steps(const RedistributeProblem& problem, const Placements& state,
                                          const CostModel& model);
 
-// The cheapest plan (ties: fewer steps first in search order). The empty plan when from == to.
+// The cheapest plan (ties broken by a fixed order of placements, so plans are deterministic). The empty plan
+// when from == to. Placements must be valid for the shape (check_placements).
 RedistributePlan plan_redistribute(const RedistributeProblem& problem, const CostModel& model);
 
 // The reference route: gather everything to Replicate (innermost axis first), then slice and mark partial in

@@ -37,6 +37,17 @@ Placements check_placements(const char* who, const Placements& placements, int64
     throw ValueError(str_cat(who, ": ", placements.size(), " placements ", to_string(placements), " for a ",
                              mesh_ndim, "-d mesh. Give one placement per mesh axis."));
   }
+  bool linear = false, order = false;  // sum/avg partials, max/min partials
+  for (const auto& p : placements) {
+    if (!p.is_partial()) continue;
+    (p.op == ReduceOp::kSum || p.op == ReduceOp::kAvg ? linear : order) = true;
+  }
+  if (linear && order) {
+    throw ValueError(
+        str_cat(who, ": ", to_string(placements),
+                " mixes Partial(sum/avg) with Partial(max/min); their reductions do not commute, so the "
+                "tensor has no single value. Reduce one of them (redistribute to Replicate) first."));
+  }
   Placements out = placements;
   for (auto& p : out) {
     if (!p.is_shard()) continue;

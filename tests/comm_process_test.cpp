@@ -93,6 +93,24 @@ INSTANTIATE_TEST_SUITE_P(AllBackends, Redistribute,
                                   "ranks";
                          });
 
+// DTensor creation, pointwise ops, the gather fallback, strict mode, and nn::Linear + AdamW on DTensor
+// parameters.
+class DTensorE2E : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(DTensorE2E, MatchesPlainLibtorch) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "dtensor");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DTensorE2E,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("mpi", 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
+                         });
+
 class Groups : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Groups, MeshAxisGroupsAndSplitOn2x2) {

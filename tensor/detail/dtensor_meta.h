@@ -1,0 +1,30 @@
+// What a DTensor's TensorImpl carries (in its BackendMeta): the local block, the mesh and the placements.
+#pragma once
+
+#include <c10/core/TensorImpl.h>
+
+#include "tensor/dtensor.h"
+
+namespace dtrain::tensor::detail {
+
+struct DTensorMeta : c10::BackendMeta {
+  DTensorMeta(at::Tensor local, MeshPtr mesh, Placements placements)
+      : local(std::move(local)), mesh(std::move(mesh)), placements(std::move(placements)) {}
+  // set_data()/detach() copy the metadata: the copy shares the same local block, as a detached tensor shares
+  // storage.
+  c10::intrusive_ptr<c10::BackendMeta> clone(const c10::intrusive_ptr<c10::BackendMeta>&) const override {
+    return c10::make_intrusive<DTensorMeta>(local, mesh, placements);
+  }
+
+  at::Tensor local;
+  MeshPtr mesh;
+  Placements placements;
+};
+
+// Builds a DTensor from parts already checked.
+at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
+                        std::vector<int64_t> global_shape);
+// Registers the dispatcher handler once (tensor/dispatch.cpp).
+void ensure_dispatch_registered();
+
+}  // namespace dtrain::tensor::detail

@@ -1,0 +1,228 @@
+// The DTensor dispatcher handler (DESIGN §4, "Transparent execution"): every aten op on a DTensor reaches
+// handle() through the PrivateUse1 fallback, and through per-op kernels on the ops whose
+// CompositeExplicitAutograd kernels would otherwise run first and allocate global-size plain tensors.
+//
+//   inputs                                             what runs                       outputs
+//   all DTensors Replicate                             the op on the local blocks      Replicate
+//   pointwise op, all DTensors with equal placements   the op on the local blocks      the same placements
+//     (no Partial) and sizes, other tensors 0-d
+//   anything else (no sharding rule yet)               gather to Replicate, run, warn  Replicate
+//                                                      once per op (strict: error)
+// In-place and out= arguments get their original DTensor back; when the op ran on a gathered copy, the result
+// is written back into the argument's own block under its own placements.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "tensor/detail/dtensor_meta.h"
+#include "tensor/redistribute.h"
+
+namespace dtrain::tensor {
+
+namespace {
+
+bool strict_mode() {
+  const char* v = std::getenv("DTRAIN_DTENSOR_STRICT");
+  return v != nullptr && std::string(v) == "1";
+}
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const auto& n = op.schema().operator_name();
+  return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
+}
+
+void warn_once(const std::string& op, const std::string& why) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned.insert(op).second) {
+    log_warn("DTensor: ", op, " has no sharding rule for ", why,
+             "; gathering its inputs to Replicate (correct, but moves the whole tensor). Set "
+             "DTRAIN_DTENSOR_STRICT=1 to make this an error.");
+  }
+}
+
+const detail::DTensorMeta& meta_of(const at::Tensor& t) {
+  return *static_cast<const detail::DTensorMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
+}
+
+bool all_replicate(const Placements& p) {
+  return std::all_of(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
+}
+
+// Visits every tensor in the top `n` stack entries (tensors and tensor lists).
+template <typename F>
+void for_each_tensor(torch::jit::Stack& stack, size_t n, F&& f) {
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    c10::IValue& iv = stack[i];
+    if (iv.isTensor()) {
+      at::Tensor t = iv.toTensor();
+      if (auto r = f(t, i); r.defined()) iv = r;
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        if (auto r = f(list.get(j), i); r.defined()) list.set(j, r);
+      }
+    } else if (iv.isOptionalTensorList()) {
+      auto list = iv.toOptionalTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        std::optional<at::Tensor> t = list.get(j);
+        if (!t) continue;
+        if (auto r = f(*t, i); r.defined()) list.set(j, r);
+      }
+    }
+  }
+}
+
+void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n_args = schema.arguments().size();
+  const size_t base = stack->size() - n_args;
+
+  // The DTensor arguments, and whether the plain ones are all scalars.
+  std::vector<std::pair<size_t, at::Tensor>> dts;  // (stack index, DTensor)
+  bool plain_only_scalars = true;
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
+    if (is_dtensor(t)) {
+      dts.emplace_back(i, t);
+    } else if (t.defined() && t.dim() > 0) {
+      plain_only_scalars = false;
+    }
+    return at::Tensor();
+  });
+  DTRAIN_ASSERT(!dts.empty(), "the DTensor handler ran ", op_name(op), " without a DTensor argument");
+  const MeshPtr mesh = meta_of(dts[0].second).mesh;
+  for (auto& [i, t] : dts) {
+    if (meta_of(t).mesh.get() != mesh.get() && meta_of(t).mesh->shape() != mesh->shape()) {
+      throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op),
+                               " got DTensors on different meshes (", mesh->to_string(), " and ",
+                               meta_of(t).mesh->to_string(), "). Redistribute them onto one mesh first."));
+    }
+  }
+
+  // Choose how to run it (see the table above).
+  const Placements& first = meta_of(dts[0].second).placements;
+  bool replicated = std::all_of(dts.begin(), dts.end(),
+                                [](auto& d) { return all_replicate(meta_of(d.second).placements); });
+  bool same_layout = std::all_of(dts.begin(), dts.end(), [&](auto& d) {
+    return meta_of(d.second).placements == first && d.second.sizes() == dts[0].second.sizes();
+  });
+  bool has_partial =
+      std::any_of(first.begin(), first.end(), [](const Placement& p) { return p.is_partial(); });
+  bool pointwise = op.hasTag(at::Tag::pointwise) && same_layout && !has_partial && plain_only_scalars;
+  bool gathered = !replicated && !pointwise;
+  Placements out_placements = pointwise && !replicated ? first : Placements(mesh->ndim(), Replicate());
+  if (gathered) {
+    std::string why = "placements ";
+    for (size_t k = 0; k < dts.size(); ++k)
+      why += str_cat(k ? ", " : "", to_string(meta_of(dts[k].second).placements));
+    if (strict_mode()) {
+      throw NotSupportedError(
+          str_cat(rank_prefix(), " DTensor: ", op_name(op), " has no sharding rule for ", why,
+                  " (strict mode, DTRAIN_DTENSOR_STRICT=1). Redistribute the inputs to Replicate() "
+                  "first, or unset strict mode to gather automatically."));
+    }
+    warn_once(op_name(op), why);
+  }
+
+  // Swap DTensors for their blocks (or gathered wholes), remembering mutable ones to hand back.
+  std::vector<std::pair<size_t, at::Tensor>> originals;  // (stack index, DTensor) for arguments written to
+  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (DTensor, gathered copy the op may mutate)
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
+    if (!is_dtensor(t)) return at::Tensor();
+    const auto* alias = schema.arguments()[i - base].alias_info();
+    bool written = alias != nullptr && alias->isWrite();
+    at::Tensor local = gathered ? full_tensor(t) : meta_of(t).local;
+    if (written) {
+      originals.emplace_back(i, t);
+      if (gathered) write_back.emplace_back(t, local);
+    }
+    return local;
+  });
+
+  op.callBoxed(stack);
+
+  for (auto& [dt, full] : write_back) {
+    const auto& m = meta_of(dt);
+    m.local.copy_(local_block(full, m.mesh->shape(), m.placements, m.mesh->coordinate()));
+  }
+  const size_t n_ret = schema.returns().size();
+  for (size_t r = 0; r < n_ret; ++r) {
+    c10::IValue& iv = (*stack)[stack->size() - n_ret + r];
+    const auto* alias = schema.returns()[r].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      for (auto& [i, dt] : originals) {  // the argument this return aliases
+        const auto* a = schema.arguments()[i - base].alias_info();
+        if (a != nullptr && a->beforeSets() == alias->beforeSets()) {
+          iv = dt;
+          break;
+        }
+      }
+      continue;
+    }
+    auto wrap = [&](const at::Tensor& local) {
+      std::vector<int64_t> global =
+          pointwise && !replicated ? dts[0].second.sizes().vec() : local.sizes().vec();
+      return detail::make_dtensor(local, mesh, out_placements, global);
+    };
+    if (iv.isTensor()) {
+      at::Tensor t = iv.toTensor();
+      if (t.defined()) iv = wrap(t);
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) list.set(j, wrap(list.get(j)));
+    }
+  }
+}
+
+// Reports whether `from`'s implementation may be copied into `self`'s (Tensor::set_data). A DTensor may
+// replace a plain tensor's contents (that is how module parameters become DTensors), since all of its state
+// travels in the copied metadata.
+bool compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  return is_dtensor(from) || !is_dtensor(self);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&handle>()); }
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type);
+}
+
+namespace detail {
+
+void ensure_dispatch_registered() {
+  // The fallback alone loses to CompositeExplicitAutograd kernels (they would run on the DTensor itself and
+  // allocate global-size plain outputs), so the handler is registered on each such aten op too, once every op
+  // is loaded.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                              __LINE__);
+    auto& d = c10::Dispatcher::singleton();
+    for (const auto& name : d.getAllOpNames()) {
+      auto h = d.findOp(name);
+      if (!h || name.name.rfind("aten::", 0) != 0 ||
+          h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        continue;
+      }
+      if (!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+          !h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+        continue;
+      }
+      std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      lib.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&handle>());
+    }
+  });
+}
+
+}  // namespace detail
+
+}  // namespace dtrain::tensor

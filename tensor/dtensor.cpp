@@ -1,0 +1,128 @@
+// DTensor creation and access; see dtensor.h.
+#include "tensor/dtensor.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/TensorImpl.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "tensor/detail/dtensor_meta.h"
+#include "tensor/redistribute.h"
+#include "tensor/shard_math.h"
+
+namespace dtrain::tensor {
+
+namespace {
+
+// Constructs the storage-less impl; only the constructor needs the subclass (see dtensor.h).
+struct DTensorImpl : c10::TensorImpl {
+  DTensorImpl(const at::Tensor& local, const std::vector<int64_t>& global_shape)
+      : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()) {
+    set_storage_access_should_throw();
+    std::vector<int64_t> strides(global_shape.size(), 1);
+    for (int i = static_cast<int>(global_shape.size()) - 2; i >= 0; --i) {
+      strides[i] = strides[i + 1] * std::max<int64_t>(global_shape[i + 1], 1);
+    }
+    set_sizes_and_strides(global_shape, strides);
+  }
+};
+
+PlanCache& plan_cache(int axes) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<PlanCache>> caches;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& c = caches[axes];
+  if (!c) c = std::make_unique<PlanCache>(CostModel::defaults(axes));
+  return *c;
+}
+
+const detail::DTensorMeta& meta(const at::Tensor& t, const char* who) {
+  if (!is_dtensor(t)) {
+    throw ValueError(str_cat(who, ": the tensor is not a DTensor (", t.defined() ? t.toString() : "undefined",
+                             "). Make one with distribute_tensor() or from_local()."));
+  }
+  return *static_cast<const detail::DTensorMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
+}
+
+}  // namespace
+
+namespace detail {
+
+at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
+                        std::vector<int64_t> global_shape) {
+  ensure_dispatch_registered();
+  at::Tensor t = at::detail::make_tensor<DTensorImpl>(local, global_shape);
+  t.unsafeGetTensorImpl()->set_backend_meta(
+      c10::make_intrusive<DTensorMeta>(std::move(local), std::move(mesh), std::move(placements)));
+  return t;
+}
+
+}  // namespace detail
+
+bool is_dtensor(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::PrivateUse1) &&
+         dynamic_cast<const detail::DTensorMeta*>(t.unsafeGetTensorImpl()->get_backend_meta()) != nullptr;
+}
+
+at::Tensor to_local(const at::Tensor& t) { return meta(t, "to_local").local; }
+const MeshPtr& mesh_of(const at::Tensor& t) { return meta(t, "mesh_of").mesh; }
+const Placements& placements_of(const at::Tensor& t) { return meta(t, "placements_of").placements; }
+
+at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
+                      std::optional<std::vector<int64_t>> global_shape) {
+  if (!mesh) throw ValueError("from_local: the mesh is null. Pass a std::shared_ptr<const DeviceMesh>.");
+  placements = check_placements("from_local", placements, local.dim(), mesh->ndim());
+  std::vector<int64_t> shape;
+  if (global_shape) {
+    shape = *global_shape;
+  } else {
+    // Innermost sharding axis first: summing a dim's blocks over an axis gives the block of the next axis
+    // out.
+    shape = local.sizes().vec();
+    for (int a = mesh->ndim() - 1; a >= 0; --a) {
+      if (!placements[a].is_shard()) continue;
+      at::Tensor n = at::full({1}, shape[placements[a].dim], at::kLong);
+      mesh->axis_group(a)->all_reduce(n)->wait();
+      shape[placements[a].dim] = n.item<int64_t>();
+    }
+  }
+  auto expect = local_chunk(shape, mesh->shape(), placements, mesh->coordinate()).shape;
+  if (local.sizes().vec() != expect) {
+    throw ValueError(str_cat(rank_prefix(), " from_local: this rank's block has shape ", local.sizes(),
+                             " but ", to_string(placements), " of a tensor of shape ",
+                             c10::IntArrayRef(shape), " gives it ", c10::IntArrayRef(expect),
+                             ". Pass the matching global_shape or block."));
+  }
+  return detail::make_dtensor(local, std::move(mesh), std::move(placements), std::move(shape));
+}
+
+at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements, int src_rank) {
+  if (!mesh)
+    throw ValueError("distribute_tensor: the mesh is null. Pass a std::shared_ptr<const DeviceMesh>.");
+  placements = check_placements("distribute_tensor", placements, full.dim(), mesh->ndim());
+  at::Tensor t = full.contiguous().clone();
+  mesh->group()->broadcast(t, {src_rank})->wait();
+  at::Tensor block = local_block(t, mesh->shape(), placements, mesh->coordinate());
+  return detail::make_dtensor(block, std::move(mesh), std::move(placements), full.sizes().vec());
+}
+
+const RedistributePlan& redistribute_plan(const at::Tensor& t, const Placements& placements) {
+  const auto& m = meta(t, "redistribute");
+  Placements to = check_placements("redistribute", placements, t.dim(), m.mesh->ndim());
+  return plan_cache(m.mesh->ndim())
+      .get({t.sizes().vec(), static_cast<int64_t>(t.element_size()), m.mesh->shape(), m.placements, to});
+}
+
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
+  const auto& m = meta(t, "redistribute");
+  const RedistributePlan& plan = redistribute_plan(t, placements);
+  at::Tensor local = run_redistribute(m.local, *m.mesh, plan);
+  return detail::make_dtensor(local, m.mesh, plan.problem.to, t.sizes().vec());
+}
+
+at::Tensor full_tensor(const at::Tensor& t) {
+  const auto& m = meta(t, "full_tensor");
+  return to_local(redistribute(t, Placements(m.mesh->ndim(), Replicate())));
+}
+
+}  // namespace dtrain::tensor

@@ -1,0 +1,47 @@
+// DTensor: an ordinary at::Tensor whose implementation carries this rank's local block, the device mesh and
+// one placement per mesh axis; its sizes are the global shape (DESIGN §4). libtorch ops on it reach dtrain's
+// dispatcher handler (tensor/dispatch.cpp), which runs them on the local blocks when the placements allow it
+// and otherwise gathers to Replicate (warning once per op; DTRAIN_DTENSOR_STRICT=1 makes that an error).
+//
+// Representation: a storage-less TensorImpl on the PrivateUse1 dispatch key (its reported device is the local
+// block's), with the local block, mesh and placements in a c10::BackendMeta. Keeping them in BackendMeta
+// rather than in a TensorImpl subclass means set_data() and shallow_copy_from() (which copy metadata into an
+// existing impl, e.g. a module's parameter) carry the DTensor over intact.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "tensor/placement.h"
+#include "tensor/redistribute_plan.h"
+
+namespace dtrain::tensor {
+
+using MeshPtr = std::shared_ptr<const mesh::DeviceMesh>;
+
+bool is_dtensor(const at::Tensor& t);
+
+// Wraps this rank's block. Without `global_shape` the shape is found from the blocks of all ranks (one small
+// all_gather per sharding axis), so uneven shards are exact. Collective when global_shape is not given.
+at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
+                      std::optional<std::vector<int64_t>> global_shape = std::nullopt);
+// Splits `full` (significant on mesh group rank `src_rank`, broadcast to the others) into blocks. Collective.
+at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements, int src_rank = 0);
+
+// This rank's block (shares memory with the DTensor).
+at::Tensor to_local(const at::Tensor& dtensor);
+const MeshPtr& mesh_of(const at::Tensor& dtensor);
+const Placements& placements_of(const at::Tensor& dtensor);
+
+// A DTensor with the same values laid out as `placements`, by the cheapest plan (cached). Collective.
+at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements);
+// The whole tensor on every rank, as a plain tensor. Collective.
+at::Tensor full_tensor(const at::Tensor& dtensor);
+// The plan redistribute() would run, for explain().
+const RedistributePlan& redistribute_plan(const at::Tensor& dtensor, const Placements& placements);
+
+}  // namespace dtrain::tensor
