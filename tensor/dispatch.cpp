@@ -4,6 +4,9 @@
 //
 //   inputs                                             what runs                       outputs
 //   all DTensors Replicate                             the op on the local blocks      Replicate
+//   an op with a sharding rule (sharding_rules.h),     the cheapest rule option after  the option's
+//     one output, other tensors 0-d; in place only     redistributing the inputs       placements (in place:
+//     pointwise ops writing their first argument                                       the argument's own)
 //   pointwise op, all DTensors with equal placements   the op on the local blocks      the same placements
 //     (no Partial) and sizes, other tensors 0-d
 //   anything else (no sharding rule yet)               gather to Replicate, run, warn  Replicate
@@ -11,17 +14,22 @@
 // In-place and out= arguments get their original DTensor back; when the op ran on a gathered copy, the result
 // is written back into the argument's own block under its own placements.
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/redistribute.h"
+#include "tensor/shard_math.h"
+#include "tensor/sharding_rules.h"
 
 namespace dtrain::tensor {
 
@@ -80,6 +88,90 @@ void for_each_tensor(torch::jit::Stack& stack, size_t n, F&& f) {
   }
 }
 
+std::atomic<int64_t> g_gathers{0};
+
+// Runs `op` by its sharding rule: prices every combination of per-axis options by the redistribution its
+// inputs need, redistributes, runs on the blocks, and wraps the output. False when the output shape cannot be
+// inferred.
+// `in_place`: the op writes its first argument (a DTensor, dts[0]), which keeps its placements; only options
+// whose output and first input equal them qualify, and the first argument itself is returned.
+bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Rule& rule,
+                   const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh,
+                   bool in_place) {
+  const size_t n_args = op.schema().arguments().size();
+  const size_t base = stack->size() - n_args;
+  RuleCall call;
+  for (auto& [i, t] : dts) call.input_shapes.push_back(t.sizes().vec());
+  // The output's global shape: the broadcast of the inputs for a pointwise op; otherwise from the op's meta
+  // kernel on global-shaped meta tensors (not every op has one in C++: then no rule applies).
+  if (op.hasTag(at::Tag::pointwise)) {
+    std::vector<int64_t> shape;
+    for (auto& s : call.input_shapes) shape = at::infer_size(shape, s);
+    call.output_shape = shape;
+  } else {
+    torch::jit::Stack meta_stack(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+    for (auto& [i, t] : dts) meta_stack[i - base] = at::empty(t.sizes(), t.options().device(at::kMeta));
+    try {
+      op.callBoxed(&meta_stack);
+    } catch (const c10::Error&) {
+      return false;
+    }
+    if (meta_stack.size() != 1 || !meta_stack[0].isTensor()) return false;
+    call.output_shape = meta_stack[0].toTensor().sizes().vec();
+  }
+  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  call.args = &args;
+  std::vector<AxisStrategy> options = rule(call);
+
+  // Every combination of one option per axis; keep the cheapest valid one.
+  const int axes = mesh->ndim();
+  std::vector<size_t> pick(axes, 0);
+  double best_cost = 0;
+  std::optional<std::pair<std::vector<Placements>, Placements>> best;
+  for (;;) {
+    std::vector<Placements> req(dts.size(), Placements(axes));
+    Placements out(axes);
+    for (int a = 0; a < axes; ++a) {
+      for (size_t k = 0; k < dts.size(); ++k) req[k][a] = options[pick[a]].inputs[k];
+      out[a] = options[pick[a]].output;
+    }
+    try {
+      check_placements("rule", out, static_cast<int64_t>(call.output_shape.size()), axes);
+      if (in_place && (out != placements_of(dts[0].second) || req[0] != out))
+        throw ValueError("not in place");
+      double cost = 0;
+      for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, req[k]).cost;
+      if (!best || cost < best_cost) {
+        best_cost = cost;
+        best = std::make_pair(req, out);
+      }
+    } catch (const ValueError&) {
+      // an invalid combination (e.g. mixed Partial ops): skip it
+    }
+    int a = axes - 1;
+    while (a >= 0 && ++pick[a] == options.size()) pick[a--] = 0;
+    if (a < 0) break;
+  }
+  if (!best) return false;
+
+  size_t k = 0;
+  for (auto& [i, t] : dts) {
+    const Placements& want = best->first[k++];
+    (*stack)[i] = placements_of(t) == want ? to_local(t) : to_local(redistribute(t, want));
+  }
+  op.callBoxed(stack);
+  if (in_place) {
+    stack->back() = dts[0].second;  // its block was updated in place
+    return true;
+  }
+  at::Tensor local = stack->back().toTensor();
+  auto expect = local_chunk(call.output_shape, mesh->shape(), best->second, mesh->coordinate()).shape;
+  DTRAIN_ASSERT(local.sizes().vec() == expect, op_name(op), " under ", to_string(best->second),
+                " gave a block of ", local.sizes(), " where ", c10::IntArrayRef(expect), " was expected");
+  stack->back() = detail::make_dtensor(local, mesh, best->second, call.output_shape);
+  return true;
+}
+
 void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
@@ -108,6 +200,23 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
 
   // Choose how to run it (see the table above).
   const Placements& first = meta_of(dts[0].second).placements;
+  bool writes = std::any_of(schema.arguments().begin(), schema.arguments().end(), [](const c10::Argument& a) {
+    return a.alias_info() != nullptr && a.alias_info()->isWrite();
+  });
+  bool all_rep = std::all_of(dts.begin(), dts.end(),
+                             [](auto& d) { return all_replicate(meta_of(d.second).placements); });
+  // In place: only pointwise ops that write their first argument, a DTensor whose shape the op keeps.
+  bool in_place_self =
+      writes && op.hasTag(at::Tag::pointwise) && dts[0].first == base &&
+      schema.arguments()[0].alias_info() != nullptr && schema.arguments()[0].alias_info()->isWrite() &&
+      std::count_if(schema.arguments().begin(), schema.arguments().end(), [](const c10::Argument& a) {
+        return a.alias_info() != nullptr && a.alias_info()->isWrite();
+      }) == 1;
+  if ((!writes || in_place_self) && !all_rep && plain_only_scalars && schema.returns().size() == 1) {
+    if (auto rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise))) {
+      if (run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
+    }
+  }
   bool replicated = std::all_of(dts.begin(), dts.end(),
                                 [](auto& d) { return all_replicate(meta_of(d.second).placements); });
   bool same_layout = std::all_of(dts.begin(), dts.end(), [&](auto& d) {
@@ -119,6 +228,7 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   bool gathered = !replicated && !pointwise;
   Placements out_placements = pointwise && !replicated ? first : Placements(mesh->ndim(), Replicate());
   if (gathered) {
+    ++g_gathers;
     std::string why = "placements ";
     for (size_t k = 0; k < dts.size(); ++k)
       why += str_cat(k ? ", " : "", to_string(meta_of(dts[k].second).placements));
@@ -197,6 +307,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 namespace detail {
+
+int64_t gather_count() { return g_gathers.load(); }
 
 void ensure_dispatch_registered() {
   // The fallback alone loses to CompositeExplicitAutograd kernels (they would run on the DTensor itself and

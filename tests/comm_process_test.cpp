@@ -111,6 +111,24 @@ INSTANTIATE_TEST_SUITE_P(Backends, DTensorE2E,
                                   "ranks";
                          });
 
+// The validation matrix of the ops with sharding rules: every input placement combination equals the plain
+// op.
+class OpMatrix : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(OpMatrix, EveryPlacementCombinationIsExact) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "ops");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpMatrix,
+                         ::testing::Values(std::make_tuple("gloo", 2), std::make_tuple("gloo", 3),
+                                           std::make_tuple("gloo", 4), std::make_tuple("mpi", 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
+                         });
+
 class Groups : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Groups, MeshAxisGroupsAndSplitOn2x2) {

@@ -26,5 +26,7 @@ at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
                         std::vector<int64_t> global_shape);
 // Registers the dispatcher handler once (tensor/dispatch.cpp).
 void ensure_dispatch_registered();
+// Test-only: how many op calls so far fell back to gathering their inputs.
+int64_t gather_count();
 
 }  // namespace dtrain::tensor::detail
