@@ -157,7 +157,8 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   size_t k = 0;
   for (auto& [i, t] : dts) {
     const Placements& want = best->first[k++];
-    (*stack)[i] = placements_of(t) == want ? to_local(t) : to_local(redistribute(t, want));
+    (*stack)[i] = placements_of(t) == want ? detail::to_local_raw(t)
+                                           : detail::to_local_raw(detail::redistribute_raw(t, want));
   }
   op.callBoxed(stack);
   if (in_place) {
@@ -248,7 +249,9 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
     if (!is_dtensor(t)) return at::Tensor();
     const auto* alias = schema.arguments()[i - base].alias_info();
     bool written = alias != nullptr && alias->isWrite();
-    at::Tensor local = gathered ? full_tensor(t) : meta_of(t).local;
+    at::Tensor local =
+        gathered ? detail::to_local_raw(detail::redistribute_raw(t, Placements(mesh->ndim(), Replicate())))
+                 : meta_of(t).local;
     if (written) {
       originals.emplace_back(i, t);
       if (gathered) write_back.emplace_back(t, local);

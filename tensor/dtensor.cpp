@@ -64,12 +64,12 @@ bool is_dtensor(const at::Tensor& t) {
          dynamic_cast<const detail::DTensorMeta*>(t.unsafeGetTensorImpl()->get_backend_meta()) != nullptr;
 }
 
-at::Tensor to_local(const at::Tensor& t) { return meta(t, "to_local").local; }
+at::Tensor detail::to_local_raw(const at::Tensor& t) { return meta(t, "to_local").local; }
 const MeshPtr& mesh_of(const at::Tensor& t) { return meta(t, "mesh_of").mesh; }
 const Placements& placements_of(const at::Tensor& t) { return meta(t, "placements_of").placements; }
 
-at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
-                      std::optional<std::vector<int64_t>> global_shape) {
+at::Tensor detail::from_local_raw(const at::Tensor& local, MeshPtr mesh, Placements placements,
+                                  std::optional<std::vector<int64_t>> global_shape) {
   if (!mesh) throw ValueError("from_local: the mesh is null. Pass a std::shared_ptr<const DeviceMesh>.");
   placements = check_placements("from_local", placements, local.dim(), mesh->ndim());
   std::vector<int64_t> shape;
@@ -113,7 +113,7 @@ const RedistributePlan& redistribute_plan(const at::Tensor& t, const Placements&
       .get({t.sizes().vec(), static_cast<int64_t>(t.element_size()), m.mesh->shape(), m.placements, to});
 }
 
-at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
+at::Tensor detail::redistribute_raw(const at::Tensor& t, const Placements& placements) {
   const auto& m = meta(t, "redistribute");
   const RedistributePlan& plan = redistribute_plan(t, placements);
   at::Tensor local = run_redistribute(m.local, *m.mesh, plan);
@@ -122,7 +122,8 @@ at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
 
 at::Tensor full_tensor(const at::Tensor& t) {
   const auto& m = meta(t, "full_tensor");
-  return to_local(redistribute(t, Placements(m.mesh->ndim(), Replicate())));
+  return to_local(
+      redistribute(t, Placements(m.mesh->ndim(), Replicate())));  // differentiable, like its parts
 }
 
 }  // namespace dtrain::tensor

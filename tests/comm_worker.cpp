@@ -597,6 +597,20 @@ void suite_dtensor(const comm::BackendPtr& world) {
     }
   }
   unsetenv("DTRAIN_DTENSOR_STRICT");
+  // Gradients flow through from_local, redistribute and to_local (each backward is its dual).
+  {
+    at::Tensor wfull = (at::arange(35, at::kDouble).view({7, 5}) % 4) - 1;
+    for (Placement p : {Shard(0), Shard(1), Partial()}) {
+      at::Tensor mine = block_of(g, *mesh, {p}).clone().requires_grad_(true);
+      at::Tensor dt = from_local(mine, mesh, {p}, g.sizes().vec());
+      at::Tensor y = to_local(redistribute(dt, {Replicate()}));  // the whole tensor on every rank
+      (y * wfull).sum().backward();
+      // d/d(block) of sum(whole * W): W's block for a shard; all of W for each part of a Partial(sum).
+      at::Tensor want = p.is_partial() ? wfull : local_block(wfull, mesh->shape(), {p}, mesh->coordinate());
+      check_equal(str_cat("gradient through from_local/redistribute/to_local ", p.to_string()), mine.grad(),
+                  want);
+    }
+  }
   // nn::Linear + AdamW with replicated DTensor parameters equals the plain step.
   torch::manual_seed(0);
   torch::nn::Linear plain(5, 3);

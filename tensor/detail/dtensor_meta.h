@@ -24,6 +24,12 @@ struct DTensorMeta : c10::BackendMeta {
 // Builds a DTensor from parts already checked.
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
                         std::vector<int64_t> global_shape);
+// The non-differentiable cores of to_local, from_local and redistribute (dtensor.cpp); the public functions
+// wrap them in autograd functions (dtensor_autograd.cpp).
+at::Tensor to_local_raw(const at::Tensor& dtensor);
+at::Tensor from_local_raw(const at::Tensor& local, MeshPtr mesh, Placements placements,
+                          std::optional<std::vector<int64_t>> global_shape);
+at::Tensor redistribute_raw(const at::Tensor& dtensor, const Placements& placements);
 // Registers the dispatcher handler once (tensor/dispatch.cpp).
 void ensure_dispatch_registered();
 // Test-only: how many op calls so far fell back to gathering their inputs.

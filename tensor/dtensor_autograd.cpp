@@ -1,0 +1,108 @@
+// Differentiable to_local, from_local and redistribute (DESIGN §4: "each step's backward is its dual"). The
+// backward of a redistribution A -> B redistributes the gradient from B back to A, except that a Partial axis
+// of A receives a Replicate gradient (every part of a sum has the sum's gradient); from_local's backward is
+// the gradient's block, and to_local's backward wraps the block's gradient with the DTensor's placements.
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "tensor/detail/dtensor_meta.h"
+
+namespace dtrain::tensor {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Placements travel through the autograd context as (kind, dim, op) triples.
+c10::List<int64_t> encode(const Placements& p) {
+  c10::List<int64_t> out;
+  for (const auto& x : p) {
+    out.push_back(static_cast<int64_t>(x.kind));
+    out.push_back(x.dim);
+    out.push_back(static_cast<int64_t>(x.op));
+  }
+  return out;
+}
+
+Placements decode(const c10::IValue& v) {
+  auto list = v.toIntList();
+  Placements out;
+  for (size_t i = 0; i + 2 < list.size(); i += 3) {
+    out.push_back(Placement{static_cast<Placement::Kind>(list.get(i)), static_cast<int>(list.get(i + 1)),
+                            static_cast<ReduceOp>(list.get(i + 2))});
+  }
+  return out;
+}
+
+// The gradient layout for an input laid out as `p`: Partial axes get Replicate.
+Placements grad_placements(Placements p) {
+  for (auto& x : p) {
+    if (x.is_partial()) x = Replicate();
+  }
+  return p;
+}
+
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const Placements& to) {
+    ctx->saved_data["from"] = encode(placements_of(x));
+    return detail::redistribute_raw(x, to);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Placements back = grad_placements(decode(ctx->saved_data["from"]));
+    at::Tensor g = grads[0];
+    return {is_dtensor(g) ? detail::redistribute_raw(g, back) : g, at::Tensor()};
+  }
+};
+
+struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, MeshPtr mesh,
+                            const Placements& placements, const std::optional<std::vector<int64_t>>& shape) {
+    ctx->saved_data["placements"] = encode(placements);
+    return detail::from_local_raw(local, std::move(mesh), placements, shape);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor g = grads[0];
+    if (is_dtensor(g)) {
+      g = detail::to_local_raw(
+          detail::redistribute_raw(g, grad_placements(decode(ctx->saved_data["placements"]))));
+    }
+    return {g, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    ctx->saved_data["shape"] = c10::List<int64_t>(x.sizes().vec());
+    ctx->saved_data["placements"] = encode(placements_of(x));
+    ctx->saved_data["x"] = x.detach();  // keeps the mesh reachable
+    return detail::to_local_raw(x).view_as(detail::to_local_raw(x));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor x = ctx->saved_data["x"].toTensor();
+    auto shape = ctx->saved_data["shape"].toIntList().vec();
+    return {detail::make_dtensor(grads[0].contiguous(), mesh_of(x), decode(ctx->saved_data["placements"]),
+                                 shape)};
+  }
+};
+
+}  // namespace
+
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return detail::redistribute_raw(t, placements);
+  return RedistributeFn::apply(t, placements);
+}
+
+at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
+                      std::optional<std::vector<int64_t>> global_shape) {
+  if (!local.requires_grad() || !at::GradMode::is_enabled()) {
+    return detail::from_local_raw(local, std::move(mesh), std::move(placements), std::move(global_shape));
+  }
+  return FromLocalFn::apply(local, std::move(mesh), placements, global_shape);
+}
+
+at::Tensor to_local(const at::Tensor& t) {
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return detail::to_local_raw(t);
+  return ToLocalFn::apply(t);
+}
+
+}  // namespace dtrain::tensor
