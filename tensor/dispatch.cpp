@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tensor/comm_log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
@@ -174,6 +175,7 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
 }
 
 void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  CommCause cause(op_name(op));  // the collectives this op needs are logged under its name
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;

@@ -8,10 +8,13 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tensor/comm_log.h"
 #include "tensor/shard_math.h"
 
 namespace dtrain::tensor {
@@ -141,9 +144,25 @@ class Runner {
   }
 
  private:
+  // Notes the collective about to run; finish() logs it with its measured time once it returned.
   void record(const RedistributeStep& s, const at::Tensor& contributed) {
-    if (issued_) issued_->push_back({s.kind, s.axis, contributed.numel() * contributed.element_size()});
+    int64_t bytes = contributed.numel() * contributed.element_size();
+    if (issued_) issued_->push_back({s.kind, s.axis, bytes});
+    pending_ = CommRecord{CommCause::current(), s.kind, s.axis, bytes, s.seconds, 0};
+    started_ = std::chrono::steady_clock::now();
   }
+
+ public:
+  void finish() {
+    if (!pending_) return;
+    pending_->measured_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    CommLog::instance().record(std::move(*pending_));
+    pending_.reset();
+  }
+
+ private:
+  std::optional<CommRecord> pending_;
+  std::chrono::steady_clock::time_point started_;
 
   const mesh::DeviceMesh& mesh_;
   std::vector<IssuedCollective>* issued_;
@@ -167,7 +186,10 @@ at::Tensor run_redistribute(const at::Tensor& local, const mesh::DeviceMesh& mes
   }
   Runner runner(mesh, issued);
   at::Tensor x = local;
-  for (const auto& s : plan.steps) x = runner.step(x, s, plan.problem.shape);
+  for (const auto& s : plan.steps) {
+    x = runner.step(x, s, plan.problem.shape);
+    runner.finish();
+  }
   return x;
 }
 

@@ -1,0 +1,74 @@
+// CommLog and CommCause; see comm_log.h.
+#include "tensor/comm_log.h"
+
+#include <cstdio>
+
+namespace dtrain::tensor {
+
+namespace {
+thread_local std::string t_cause = "redistribute";
+}  // namespace
+
+CommLog& CommLog::instance() {
+  static CommLog log;
+  return log;
+}
+
+void CommLog::record(CommRecord r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  records_.push_back(std::move(r));
+}
+
+std::vector<CommRecord> CommLog::records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_;
+}
+
+CommTotals CommLog::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CommTotals t;
+  for (const auto& r : records_) {
+    ++t.collectives;
+    t.bytes += r.bytes;
+    t.predicted_s += r.predicted_s;
+    t.measured_s += r.measured_s;
+    ++t.by_kind[to_string(r.kind)];
+    ++t.by_cause[r.cause];
+  }
+  return t;
+}
+
+std::string CommLog::summary() const {
+  struct Row {
+    int64_t n = 0, bytes = 0;
+    double predicted = 0, measured = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Row> rows;
+  for (const auto& r : records()) {
+    Row& row = rows[{r.cause, to_string(r.kind)}];
+    ++row.n;
+    row.bytes += r.bytes;
+    row.predicted += r.predicted_s;
+    row.measured += r.measured_s;
+  }
+  std::string out;
+  for (const auto& [key, row] : rows) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "%s: %lld x %s, %lld B, predicted %.3f ms, measured %.3f ms\n",
+                  key.first.c_str(), static_cast<long long>(row.n), key.second.c_str(),
+                  static_cast<long long>(row.bytes), row.predicted * 1e3, row.measured * 1e3);
+    out += line;
+  }
+  return out;
+}
+
+void CommLog::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  records_.clear();
+}
+
+CommCause::CommCause(std::string op) : previous_(std::move(t_cause)) { t_cause = std::move(op); }
+CommCause::~CommCause() { t_cause = std::move(previous_); }
+const std::string& CommCause::current() { return t_cause; }
+
+}  // namespace dtrain::tensor
