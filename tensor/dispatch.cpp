@@ -158,8 +158,7 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   size_t k = 0;
   for (auto& [i, t] : dts) {
     const Placements& want = best->first[k++];
-    (*stack)[i] = placements_of(t) == want ? detail::to_local_raw(t)
-                                           : detail::to_local_raw(detail::redistribute_raw(t, want));
+    (*stack)[i] = placements_of(t) == want ? detail::to_local_raw(t) : detail::redistributed_local(t, want);
   }
   op.callBoxed(stack);
   if (in_place) {

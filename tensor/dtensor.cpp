@@ -120,6 +120,20 @@ at::Tensor detail::redistribute_raw(const at::Tensor& t, const Placements& place
   return detail::make_dtensor(local, m.mesh, plan.problem.to, t.sizes().vec());
 }
 
+at::Tensor detail::redistributed_local(const at::Tensor& t, const Placements& placements) {
+  const auto& m = meta(t, "redistribute");
+  if (t.is_inference() || m.local.is_inference()) return to_local_raw(redistribute_raw(t, placements));
+  uint32_t v = t.unsafeGetTensorImpl()->version_counter().current_version();
+  uint32_t lv = m.local.unsafeGetTensorImpl()->version_counter().current_version();
+  auto it = m.redistributed.find(placements);
+  if (it != m.redistributed.end() && it->second.version == v && it->second.local_version == lv) {
+    return it->second.local;
+  }
+  at::Tensor local = to_local_raw(redistribute_raw(t, placements));
+  m.redistributed[placements] = {v, lv, local};
+  return local;
+}
+
 at::Tensor full_tensor(const at::Tensor& t) {
   const auto& m = meta(t, "full_tensor");
   return to_local(

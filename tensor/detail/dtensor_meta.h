@@ -3,6 +3,8 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <map>
+
 #include "tensor/dtensor.h"
 
 namespace dtrain::tensor::detail {
@@ -19,6 +21,14 @@ struct DTensorMeta : c10::BackendMeta {
   at::Tensor local;
   MeshPtr mesh;
   Placements placements;
+
+  // Blocks of this tensor already redistributed for some op, reused while neither the DTensor nor its block
+  // changed (both version counters): an optimizer reading a Partial gradient in three ops reduces it once.
+  struct Cached {
+    uint32_t version, local_version;
+    at::Tensor local;
+  };
+  mutable std::map<Placements, Cached> redistributed;
 };
 
 // Builds a DTensor from parts already checked.
@@ -30,6 +40,9 @@ at::Tensor to_local_raw(const at::Tensor& dtensor);
 at::Tensor from_local_raw(const at::Tensor& local, MeshPtr mesh, Placements placements,
                           std::optional<std::vector<int64_t>> global_shape);
 at::Tensor redistribute_raw(const at::Tensor& dtensor, const Placements& placements);
+// The block of `dtensor` under `placements`, from the cache above when still valid. Do not write to the
+// result.
+at::Tensor redistributed_local(const at::Tensor& dtensor, const Placements& placements);
 // Registers the dispatcher handler once (tensor/dispatch.cpp).
 void ensure_dispatch_registered();
 // Test-only: how many op calls so far fell back to gathering their inputs.
