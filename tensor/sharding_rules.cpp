@@ -15,6 +15,9 @@
 //   detach, clone, alias     every placement to itself
 //   *_like factories         R -> R, S(d) -> S(d), P -> R (only the shape is read)
 //   view, _unsafe_view       R -> R, P -> P (sharded views need a dim mapping: they gather for now)
+//   _to_copy (dtype casts)   every placement to itself
+//   softmax, log_softmax     R -> R; S(d) -> S(d) for every d but the normalised dim (same for their
+//   backward)
 #include "tensor/sharding_rules.h"
 
 #include <ATen/core/ivalue.h>
@@ -147,6 +150,22 @@ std::vector<AxisStrategy> view_rule(const RuleCall&) {
   return s;
 }
 
+// Ops that normalise along one dim (softmax, log_softmax and their backward, whose every tensor input has the
+// output's shape): any other dim may stay sharded; the normalised dim must be whole. The dim is argument 1,
+// or 2 for the backward ops (grad, output, dim, dtype).
+std::vector<AxisStrategy> along_dim_rule(const RuleCall& c) {
+  const int64_t ndim = static_cast<int64_t>(c.output_shape.size());
+  const size_t n = c.input_shapes.size();
+  int64_t dim = (*c.args)[n == 1 ? 1 : 2].toInt();
+  if (dim < 0) dim += ndim;
+  std::vector<AxisStrategy> s{{std::vector<Placement>(n, Replicate()), Replicate()}};
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (d != dim)
+      s.push_back({std::vector<Placement>(n, Shard(static_cast<int>(d))), Shard(static_cast<int>(d))});
+  }
+  return s;
+}
+
 }  // namespace
 
 std::optional<Rule> find_rule(const std::string& op, bool pointwise) {
@@ -158,6 +177,11 @@ std::optional<Rule> find_rule(const std::string& op, bool pointwise) {
       {"aten::t", transpose_rule},
       {"aten::transpose.int", transpose_rule},
       {"aten::detach", identity_rule},
+      {"aten::_to_copy", identity_rule},
+      {"aten::_softmax", along_dim_rule},
+      {"aten::_log_softmax", along_dim_rule},
+      {"aten::_softmax_backward_data", along_dim_rule},
+      {"aten::_log_softmax_backward_data", along_dim_rule},
       {"aten::view", view_rule},
       {"aten::_unsafe_view", view_rule},
       {"aten::clone", identity_rule},

@@ -465,6 +465,12 @@ void check_op_matrix(const std::shared_ptr<const mesh::DeviceMesh>& m) {
       {"t", {t({7, 5}, 0)}, [](auto& x) { return x[0].t(); }},
       {"clone", {t({7, 5}, 0)}, [](auto& x) { return x[0].clone(); }},
       {"ones_like", {t({7, 5}, 0)}, [](auto& x) { return at::ones_like(x[0]); }},
+      {"to float32", {t({7, 5}, 0)}, [](auto& x) { return x[0].to(at::kFloat); }},
+      {"softmax dim 1", {t({7, 5}, 0)}, [](auto& x) { return at::_softmax(x[0], 1, false); }},
+      {"log_softmax dim 0", {t({7, 5}, 0)}, [](auto& x) { return at::_log_softmax(x[0], 0, false); }},
+      {"softmax backward dim 1",
+       {t({7, 5}, 0), t({7, 5}, 1)},  // integer-valued: a Partial split of it is exact
+       [](auto& x) { return at::_softmax_backward_data(x[0], x[1], 1, at::kDouble); }},
   };
   for (auto& c : cases) {
     std::vector<std::vector<Placements>> per_input;
