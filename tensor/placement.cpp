@@ -37,4 +37,19 @@ std::string to_string(const Placements& placements) {
   return s + ")";
 }
 
+std::vector<Placements> all_placements(const std::vector<Placement>& options, int axes) {
+  std::vector<Placements> all{{}};
+  for (int a = 0; a < axes; ++a) {
+    std::vector<Placements> next;
+    for (const auto& p : all) {
+      for (const auto& o : options) {
+        next.push_back(p);
+        next.back().push_back(o);
+      }
+    }
+    all = std::move(next);
+  }
+  return all;
+}
+
 }  // namespace dtrain::tensor

@@ -45,4 +45,7 @@ using Placements = std::vector<Placement>;
 // "(S(0), R)"
 std::string to_string(const Placements& placements);
 
+// Every tuple of `axes` placements drawn from `options` (options^axes tuples, the last axis varying fastest).
+std::vector<Placements> all_placements(const std::vector<Placement>& options, int axes);
+
 }  // namespace dtrain::tensor

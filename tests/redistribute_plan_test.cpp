@@ -17,24 +17,9 @@ using namespace dtrain::tensor;
 namespace {
 
 std::vector<Placements> all_placements(int axes) {
-  const std::vector<Placement> options{Replicate(),
-                                       Shard(0),
-                                       Shard(1),
-                                       Partial(ReduceOp::kSum),
-                                       Partial(ReduceOp::kAvg),
-                                       Partial(ReduceOp::kMax)};
-  std::vector<Placements> all{{}};
-  for (int a = 0; a < axes; ++a) {
-    std::vector<Placements> next;
-    for (auto& p : all) {
-      for (auto& o : options) {
-        next.push_back(p);
-        next.back().push_back(o);
-      }
-    }
-    all = next;
-  }
-  return all;
+  return tensor::all_placements({Replicate(), Shard(0), Shard(1), Partial(ReduceOp::kSum),
+                                 Partial(ReduceOp::kAvg), Partial(ReduceOp::kMax)},
+                                axes);
 }
 
 std::vector<StepKind> kinds(const RedistributePlan& plan) {

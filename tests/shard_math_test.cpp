@@ -35,17 +35,7 @@ TEST(ShardMath, LocalChunksCoverTheTensorExactly) {
   const std::vector<int64_t> shape{7, 5};
   std::vector<Placement> options{Replicate(), Shard(0), Shard(1), Partial()};
   for (auto mesh_shape : std::vector<std::vector<int64_t>>{{3}, {2, 2}, {2, 3}}) {
-    std::vector<Placements> all{{}};
-    for (size_t a = 0; a < mesh_shape.size(); ++a) {
-      std::vector<Placements> next;
-      for (auto& p : all) {
-        for (auto& o : options) {
-          next.push_back(p);
-          next.back().push_back(o);
-        }
-      }
-      all = next;
-    }
+    std::vector<Placements> all = all_placements(options, static_cast<int>(mesh_shape.size()));
     for (const Placements& pl : all) {
       int64_t copies = 1;
       for (size_t a = 0; a < pl.size(); ++a) {
