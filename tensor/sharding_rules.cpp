@@ -5,8 +5,9 @@
 //   pointwise, n-ary         all R -> R; for each output dim d: each input S(its aligned dim), or R where it
 //                            broadcasts along d -> S(d)
 //   mm(A, B)                 (R, R) -> R; (S0, R) -> S0; (R, S1) -> S1; (S1, S0) -> P(sum)
-//   addmm(C, A, B)           as mm, with C R when it broadcasts along the sharded dim, else sharded like the
-//   output;
+//   bmm(A, B)                (R, R) -> R; (S0, S0) -> S0 (batch); (S1, R) -> S1; (R, S2) -> S2; (S2, S1) ->
+//   P(sum) addmm(C, A, B)           as mm, with C R when it broadcasts along the sharded dim, else sharded
+//   like the output;
 //                            P(sum) output needs C as P(sum)
 //   sum(x), sum(x, dims)     R -> R; S(d) -> P(sum) when d is reduced, else S(d') (d' = d less the reduced
 //   dims
@@ -50,6 +51,15 @@ std::vector<AxisStrategy> mm_rule(const RuleCall&) {
           {{Shard(0), Replicate()}, Shard(0)},
           {{Replicate(), Shard(1)}, Shard(1)},
           {{Shard(1), Shard(0)}, Partial()}};
+}
+
+// bmm(A[b, m, k], B[b, k, n]): the batch dim shards both operands alike; otherwise as mm.
+std::vector<AxisStrategy> bmm_rule(const RuleCall&) {
+  return {{{Replicate(), Replicate()}, Replicate()},
+          {{Shard(0), Shard(0)}, Shard(0)},
+          {{Shard(1), Replicate()}, Shard(1)},
+          {{Replicate(), Shard(2)}, Shard(2)},
+          {{Shard(2), Shard(1)}, Partial()}};
 }
 
 std::vector<AxisStrategy> addmm_rule(const RuleCall& c) {
@@ -172,6 +182,7 @@ std::optional<Rule> find_rule(const std::string& op, bool pointwise) {
   static const std::map<std::string, Rule> rules{
       {"aten::mm", mm_rule},
       {"aten::addmm", addmm_rule},
+      {"aten::bmm", bmm_rule},
       {"aten::sum", sum_rule},
       {"aten::sum.dim_IntList", sum_rule},
       {"aten::t", transpose_rule},

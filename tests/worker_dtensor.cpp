@@ -133,6 +133,7 @@ void check_op_matrix(const std::shared_ptr<const mesh::DeviceMesh>& m) {
       {"add", {t({7, 5}, 0), t({7, 5}, 1)}, [](auto& x) { return x[0] + x[1]; }},
       {"mul (broadcast row)", {t({7, 5}, 0), t({5}, 2)}, [](auto& x) { return x[0] * x[1]; }},
       {"mm", {t({7, 5}, 0), t({5, 3}, 1)}, [](auto& x) { return at::mm(x[0], x[1]); }},
+      {"bmm", {t({3, 7, 5}, 0), t({3, 5, 2}, 1)}, [](auto& x) { return at::bmm(x[0], x[1]); }},
       {"addmm", {t({3}, 2), t({7, 5}, 0), t({5, 3}, 1)}, [](auto& x) { return at::addmm(x[0], x[1], x[2]); }},
       {"sum", {t({7, 5}, 0)}, [](auto& x) { return x[0].sum(); }},
       {"sum dim 0", {t({7, 5}, 0)}, [](auto& x) { return x[0].sum({0}); }},
