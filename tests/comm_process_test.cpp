@@ -61,6 +61,11 @@ void expect_all_ok(const Job& job, int n) {
   fs::remove_all(job.dir);
 }
 
+// "gloo_3ranks": the test name suffix of a (backend, ranks) parameter.
+std::string backend_ranks_name(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+}
+
 class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(Collectives, ExactAgainstSingleProcessReference) {
@@ -71,10 +76,7 @@ TEST_P(Collectives, ExactAgainstSingleProcessReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, Collectives,
                          ::testing::Combine(::testing::Values("gloo", "mpi"), ::testing::Values(1, 2, 3, 4)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
-                                  "ranks";
-                         });
+                         backend_ranks_name);
 
 // DTensor redistribution on real collectives: every source -> target pair on 1-d meshes of 1-4 ranks and on a
 // 2x2 mesh, uneven shape (7, 5), values exact, collectives issued as planned.
@@ -88,10 +90,7 @@ TEST_P(Redistribute, EveryPairExactAndAsPlanned) {
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, Redistribute,
                          ::testing::Combine(::testing::Values("gloo", "mpi"), ::testing::Values(1, 2, 3, 4)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
-                                  "ranks";
-                         });
+                         backend_ranks_name);
 
 // DTensor creation, pointwise ops, the gather fallback, strict mode, and nn::Linear + AdamW on DTensor
 // parameters.
@@ -106,10 +105,7 @@ TEST_P(DTensorE2E, MatchesPlainLibtorch) {
 INSTANTIATE_TEST_SUITE_P(Backends, DTensorE2E,
                          ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
                                            std::make_tuple("gloo", 3), std::make_tuple("mpi", 2)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
-                                  "ranks";
-                         });
+                         backend_ranks_name);
 
 // The validation matrix of the ops with sharding rules: every input placement combination equals the plain
 // op.
@@ -124,10 +120,7 @@ TEST_P(OpMatrix, EveryPlacementCombinationIsExact) {
 INSTANTIATE_TEST_SUITE_P(Backends, OpMatrix,
                          ::testing::Values(std::make_tuple("gloo", 2), std::make_tuple("gloo", 3),
                                            std::make_tuple("gloo", 4), std::make_tuple("mpi", 2)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) +
-                                  "ranks";
-                         });
+                         backend_ranks_name);
 
 class Groups : public ::testing::TestWithParam<std::string> {};
 
