@@ -202,25 +202,22 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
 
   // Choose how to run it (see the table above).
   const Placements& first = meta_of(dts[0].second).placements;
-  bool writes = std::any_of(schema.arguments().begin(), schema.arguments().end(), [](const c10::Argument& a) {
-    return a.alias_info() != nullptr && a.alias_info()->isWrite();
-  });
+  const auto n_written = std::count_if(
+      schema.arguments().begin(), schema.arguments().end(),
+      [](const c10::Argument& a) { return a.alias_info() != nullptr && a.alias_info()->isWrite(); });
+  const bool writes = n_written > 0;
   bool all_rep = std::all_of(dts.begin(), dts.end(),
                              [](auto& d) { return all_replicate(meta_of(d.second).placements); });
   // In place: only pointwise ops that write their first argument, a DTensor whose shape the op keeps.
-  bool in_place_self =
-      writes && op.hasTag(at::Tag::pointwise) && dts[0].first == base &&
-      schema.arguments()[0].alias_info() != nullptr && schema.arguments()[0].alias_info()->isWrite() &&
-      std::count_if(schema.arguments().begin(), schema.arguments().end(), [](const c10::Argument& a) {
-        return a.alias_info() != nullptr && a.alias_info()->isWrite();
-      }) == 1;
+  bool in_place_self = n_written == 1 && op.hasTag(at::Tag::pointwise) && dts[0].first == base &&
+                       schema.arguments()[0].alias_info() != nullptr &&
+                       schema.arguments()[0].alias_info()->isWrite();
   if ((!writes || in_place_self) && !all_rep && plain_only_scalars && schema.returns().size() == 1) {
     if (auto rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise))) {
       if (run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
     }
   }
-  bool replicated = std::all_of(dts.begin(), dts.end(),
-                                [](auto& d) { return all_replicate(meta_of(d.second).placements); });
+  const bool replicated = all_rep;
   bool same_layout = std::all_of(dts.begin(), dts.end(), [&](auto& d) {
     return meta_of(d.second).placements == first && d.second.sizes() == dts[0].second.sizes();
   });
