@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/dtrain/bench_comm.h"
 #include "comm/gloo/gloo_backend.h"
 #include "comm/mpi/mpi_backend.h"
 #include "core/env.h"
@@ -66,26 +67,6 @@ Call gloo_engine(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) {
       pg->alltoall_base(out, in, none, none)->wait();
     }
   };
-}
-
-void dtrain_call(comm::Backend& b, const std::string& op, at::Tensor& in, at::Tensor& out) {
-  if (op == "all_reduce") {
-    b.all_reduce(in)->wait();
-  } else if (op == "all_gather") {
-    b.all_gather(out, in)->wait();
-  } else if (op == "reduce_scatter") {
-    b.reduce_scatter(out, in)->wait();
-  } else if (op == "broadcast") {
-    b.broadcast(in)->wait();
-  } else {
-    b.all_to_all(out, in)->wait();
-  }
-}
-
-double bus_factor(const std::string& op, int n) {
-  if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "broadcast") return 1.0;
-  return static_cast<double>(n - 1) / n;
 }
 
 // Bytes read + written per second by one thread copying 256 MiB (the ceiling for any transport on this host).
@@ -180,7 +161,7 @@ int main(int argc, char** argv) {
           ours->barrier()->wait();
           auto t0 = Clock::now();
           if (side == 0) {
-            dtrain_call(*ours, op, in, out);
+            apps::run_collective(*ours, op, in, out);
           } else {
             engine(op, in, out);
           }
@@ -203,8 +184,8 @@ int main(int argc, char** argv) {
                        {"engine_median_us", m_engine * 1e6},
                        {"dtrain_min_us", *std::min_element(t_ours.begin(), t_ours.end()) * 1e6},
                        {"engine_min_us", *std::min_element(t_engine.begin(), t_engine.end()) * 1e6},
-                       {"dtrain_busbw_gbs", real_bytes / m_ours / 1e9 * bus_factor(op, n)},
-                       {"engine_busbw_gbs", real_bytes / m_engine / 1e9 * bus_factor(op, n)},
+                       {"dtrain_busbw_gbs", real_bytes / m_ours / 1e9 * apps::bus_factor(op, n)},
+                       {"engine_busbw_gbs", real_bytes / m_engine / 1e9 * apps::bus_factor(op, n)},
                        {"ratio", m_engine / m_ours}};
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);

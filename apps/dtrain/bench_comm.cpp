@@ -8,11 +8,26 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "comm/backend.h"
 #include "comm/factory.h"
 #include "core/error.h"
 #include "tensor/cost_model.h"
 
 namespace dtrain::apps {
+
+void run_collective(comm::Backend& b, const std::string& op, at::Tensor& in, at::Tensor& out) {
+  if (op == "all_reduce") {
+    b.all_reduce(in)->wait();
+  } else if (op == "all_gather") {
+    b.all_gather(out, in)->wait();
+  } else if (op == "reduce_scatter") {
+    b.reduce_scatter(out, in)->wait();
+  } else if (op == "broadcast") {
+    b.broadcast(in)->wait();
+  } else {
+    b.all_to_all(out, in)->wait();
+  }
+}
 
 double bus_factor(const std::string& op, int n) {
   if (n <= 1) return op == "broadcast" ? 1.0 : 0.0;
@@ -36,8 +51,8 @@ at::ScalarType parse_dtype(const std::string& s) {
                            " is unknown. Use float32, float64, bfloat16, float16, int32 or int64."));
 }
 
-// Runs one op on buffers sized for `bytes` (nccl-tests convention: all_gather's size is its output,
-// reduce_scatter's its input) and returns the seconds one call took on this rank.
+// Buffers for one op of `count` elements (nccl-tests convention: all_gather's size is its output,
+// reduce_scatter's its input).
 struct Buffers {
   at::Tensor in, out;
 };
@@ -48,20 +63,6 @@ Buffers make_buffers(const std::string& op, int64_t count, int n, at::ScalarType
   if (op == "reduce_scatter") return {at::ones({count / n * n}, o), at::empty({count / n}, o)};
   if (op == "all_to_all") return {at::ones({count / n * n}, o), at::empty({count / n * n}, o)};
   return {at::ones({count}, o), at::Tensor()};
-}
-
-void run_op(comm::Backend& b, const std::string& op, Buffers& buf) {
-  if (op == "all_reduce") {
-    b.all_reduce(buf.in)->wait();
-  } else if (op == "all_gather") {
-    b.all_gather(buf.out, buf.in)->wait();
-  } else if (op == "reduce_scatter") {
-    b.reduce_scatter(buf.out, buf.in)->wait();
-  } else if (op == "broadcast") {
-    b.broadcast(buf.in)->wait();
-  } else {
-    b.all_to_all(buf.out, buf.in)->wait();
-  }
 }
 
 }  // namespace
@@ -116,13 +117,13 @@ int run_bench_comm(const BenchCommOptions& opts) {
                       ? opts.iters
                       : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / real_bytes, 5, 50));
       Buffers buf = make_buffers(op, count, n, dtype);
-      for (int i = 0; i < opts.warmup; ++i) run_op(*world, op, buf);
+      for (int i = 0; i < opts.warmup; ++i) run_collective(*world, op, buf.in, buf.out);
       at::Tensor times = at::empty({iters}, at::kDouble);
       auto t = times.accessor<double, 1>();
       for (int i = 0; i < iters; ++i) {
         world->barrier()->wait();
         auto t0 = std::chrono::steady_clock::now();
-        run_op(*world, op, buf);
+        run_collective(*world, op, buf.in, buf.out);
         t[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
       world->all_reduce(times, {comm::ReduceOp::kMax})->wait();

@@ -7,6 +7,14 @@
 #include <string>
 #include <vector>
 
+// Declared only: cmd_bench.cpp includes this header without libtorch on its include path.
+namespace at {
+class Tensor;
+}
+namespace dtrain::comm {
+class Backend;
+}
+
 namespace dtrain::apps {
 
 struct BenchCommOptions {
@@ -24,6 +32,10 @@ struct BenchCommOptions {
 
 // Validates the options (ValueError naming the bad value) and runs the benchmark; rank 0 prints.
 int run_bench_comm(const BenchCommOptions& opts);
+
+// Runs collective `op` ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all") once on `b`
+// and waits: in-place ops use `in`; the others write `out` (sized as make_bench_buffers does).
+void run_collective(comm::Backend& b, const std::string& op, at::Tensor& in, at::Tensor& out);
 
 // Bus bandwidth factor of nccl-tests for `op` at `n` ranks (all_reduce 2(n-1)/n, gathers and scatters
 // (n-1)/n, broadcast 1).
