@@ -91,85 +91,161 @@ void for_each_tensor(torch::jit::Stack& stack, size_t n, F&& f) {
 
 std::atomic<int64_t> g_gathers{0};
 
+// The tensors of the returned values on top of `stack` (`n_ret` of them), lists flattened.
+std::vector<at::Tensor> returned_tensors(const torch::jit::Stack& stack, size_t n_ret) {
+  std::vector<at::Tensor> out;
+  for (size_t i = stack.size() - n_ret; i < stack.size(); ++i) {
+    if (stack[i].isTensor()) out.push_back(stack[i].toTensor());
+    if (stack[i].isTensorList()) {
+      for (const at::Tensor& t : stack[i].toTensorList()) out.push_back(t);
+    }
+  }
+  return out;
+}
+
+// The outputs' global shapes: the broadcast of the inputs for a pointwise op, otherwise from the op's meta
+// kernel on global-shaped meta tensors (not every op has one in C++: then empty).
+std::vector<std::vector<int64_t>> infer_output_shapes(const c10::OperatorHandle& op,
+                                                      const torch::jit::Stack& args,
+                                                      const std::vector<std::vector<int64_t>>& input_shapes) {
+  if (op.hasTag(at::Tag::pointwise) && op.schema().returns().size() == 1) {
+    std::vector<int64_t> shape;
+    for (auto& s : input_shapes) shape = at::infer_size(shape, s);
+    return {shape};
+  }
+  torch::jit::Stack meta(args);
+  for_each_tensor(meta, meta.size(), [&](const at::Tensor& t, size_t) {
+    return is_dtensor(t) ? at::empty(t.sizes(), t.options().device(at::kMeta)) : at::Tensor();
+  });
+  try {
+    op.callBoxed(&meta);
+  } catch (const std::exception&) {
+    return {};
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const at::Tensor& t : returned_tensors(meta, meta.size())) shapes.push_back(t.sizes().vec());
+  return shapes;
+}
+
 // Runs `op` by its sharding rule: prices every combination of per-axis options by the redistribution its
-// inputs need, redistributes, runs on the blocks, and wraps the output. False when the output shape cannot be
-// inferred.
+// inputs need, redistributes, runs on the blocks, and wraps the outputs. False when no combination applies
+// (or the output shapes are unknown).
 // `in_place`: the op writes its first argument (a DTensor, dts[0]), which keeps its placements; only options
 // whose output and first input equal them qualify, and the first argument itself is returned.
-bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Rule& rule,
+bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const RuleSpec& spec,
                    const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh,
                    bool in_place) {
-  const size_t n_args = op.schema().arguments().size();
+  const auto& schema = op.schema();
+  const size_t n_args = schema.arguments().size();
+  const size_t n_ret = schema.returns().size();
   const size_t base = stack->size() - n_args;
   RuleCall call;
+  call.mesh_shape = mesh->shape();
   for (auto& [i, t] : dts) call.input_shapes.push_back(t.sizes().vec());
-  // The output's global shape: the broadcast of the inputs for a pointwise op; otherwise from the op's meta
-  // kernel on global-shaped meta tensors (not every op has one in C++: then no rule applies).
-  if (op.hasTag(at::Tag::pointwise)) {
-    std::vector<int64_t> shape;
-    for (auto& s : call.input_shapes) shape = at::infer_size(shape, s);
-    call.output_shape = shape;
-  } else {
-    torch::jit::Stack meta_stack(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-    for (auto& [i, t] : dts) meta_stack[i - base] = at::empty(t.sizes(), t.options().device(at::kMeta));
-    try {
-      op.callBoxed(&meta_stack);
-    } catch (const c10::Error&) {
-      return false;
-    }
-    if (meta_stack.size() != 1 || !meta_stack[0].isTensor()) return false;
-    call.output_shape = meta_stack[0].toTensor().sizes().vec();
-  }
   torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   call.args = &args;
-  std::vector<AxisStrategy> options = rule(call);
+  if (!spec.gives_shapes) call.output_shapes = infer_output_shapes(op, args, call.input_shapes);
+  if (!spec.gives_shapes && call.output_shapes.empty()) return false;
+  RuleResult res = spec.rule(call);
+  const auto& shapes = spec.gives_shapes ? res.output_shapes : call.output_shapes;
+  if (res.options.empty()) return false;
+  const size_t n_out = res.options[0].outputs.size();
+  // Output placement r covers the returned tensors [first_of[r], first_of[r + 1]) (a Tensor[] has many).
+  std::vector<size_t> first_of{0};
+  for (size_t r = 0; r < n_ret; ++r) {
+    size_t count = 1;
+    if (schema.returns()[r].type()->kind() == c10::TypeKind::ListType) count = shapes.size() - (n_ret - 1);
+    first_of.push_back(first_of.back() + count);
+  }
+  DTRAIN_ASSERT(n_out == n_ret && first_of.back() == shapes.size(), op_name(op), ": the rule gives ", n_out,
+                " output placements and ", shapes.size(), " shapes for ", n_ret, " returns");
 
   // Every combination of one option per axis; keep the cheapest valid one.
   const int axes = mesh->ndim();
   std::vector<size_t> pick(axes, 0);
   double best_cost = 0;
-  std::optional<std::pair<std::vector<Placements>, Placements>> best;
+  std::optional<Choice> best;
   for (;;) {
-    std::vector<Placements> req(dts.size(), Placements(axes));
-    Placements out(axes);
+    Choice ch{std::vector<Placements>(dts.size(), Placements(axes)),
+              std::vector<Placements>(n_out, Placements(axes))};
     for (int a = 0; a < axes; ++a) {
-      for (size_t k = 0; k < dts.size(); ++k) req[k][a] = options[pick[a]].inputs[k];
-      out[a] = options[pick[a]].output;
+      const AxisStrategy& o = res.options[pick[a]];
+      DTRAIN_ASSERT(o.inputs.size() == dts.size(), op_name(op), ": the rule gives ", o.inputs.size(),
+                    " input placements for ", dts.size(), " DTensor arguments");
+      for (size_t k = 0; k < dts.size(); ++k) ch.inputs[k][a] = o.inputs[k];
+      for (size_t r = 0; r < n_out; ++r) ch.outputs[r][a] = o.outputs[r];
     }
     try {
-      check_placements("rule", out, static_cast<int64_t>(call.output_shape.size()), axes);
-      if (in_place && (out != placements_of(dts[0].second) || req[0] != out))
+      for (size_t r = 0; r < n_out; ++r) {
+        if (first_of[r] < first_of[r + 1]) {
+          check_placements("rule", ch.outputs[r], static_cast<int64_t>(shapes[first_of[r]].size()), axes);
+        }
+      }
+      if (in_place && (ch.outputs[0] != placements_of(dts[0].second) || ch.inputs[0] != ch.outputs[0]))
         throw ValueError("not in place");
+      if (res.valid && !res.valid(ch)) throw ValueError("not computable on blocks");
       double cost = 0;
-      for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, req[k]).cost;
+      for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, ch.inputs[k]).cost;
       if (!best || cost < best_cost) {
         best_cost = cost;
-        best = std::make_pair(req, out);
+        best = ch;
       }
     } catch (const ValueError&) {
-      // an invalid combination (e.g. mixed Partial ops): skip it
+      // an invalid combination (e.g. mixed Partial ops, a sharded dim the output lacks): skip it
     }
     int a = axes - 1;
-    while (a >= 0 && ++pick[a] == options.size()) pick[a--] = 0;
+    while (a >= 0 && ++pick[a] == res.options.size()) pick[a--] = 0;
     if (a < 0) break;
   }
   if (!best) return false;
 
+  // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order).
   size_t k = 0;
-  for (auto& [i, t] : dts) {
-    const Placements& want = best->first[k++];
-    (*stack)[i] = placements_of(t) == want ? detail::to_local_raw(t) : detail::redistributed_local(t, want);
+  for_each_tensor(args, args.size(), [&](const at::Tensor& t, size_t) {
+    if (!is_dtensor(t)) return at::Tensor();
+    const Placements& want = best->inputs[k];
+    const at::Tensor& dt = dts[k++].second;
+    return placements_of(dt) == want ? detail::to_local_raw(dt) : detail::redistributed_local(dt, want);
+  });
+  if (res.localize) res.localize(args, *best, mesh->coordinate());
+  stack->resize(base);
+  if (res.run) {
+    res.run(op, args, *best, mesh);
+  } else {
+    op.callBoxed(&args);
   }
-  op.callBoxed(stack);
   if (in_place) {
-    stack->back() = dts[0].second;  // its block was updated in place
+    stack->push_back(dts[0].second);  // its block was updated in place
     return true;
   }
-  at::Tensor local = stack->back().toTensor();
-  auto expect = local_chunk(call.output_shape, mesh->shape(), best->second, mesh->coordinate()).shape;
-  DTRAIN_ASSERT(local.sizes().vec() == expect, op_name(op), " under ", to_string(best->second),
-                " gave a block of ", local.sizes(), " where ", c10::IntArrayRef(expect), " was expected");
-  stack->back() = detail::make_dtensor(local, mesh, best->second, call.output_shape);
+  std::vector<at::Tensor> locals = returned_tensors(args, n_ret);
+  if (res.finish) res.finish(locals, *best, mesh);
+  std::vector<at::Tensor> wrapped;
+  for (size_t r = 0; r < n_out; ++r) {
+    for (size_t e = first_of[r]; e < first_of[r + 1]; ++e) {
+      const at::Tensor& local = locals[e];
+      if (!local.defined()) {
+        wrapped.push_back(local);
+        continue;
+      }
+      auto expect = local_chunk(shapes[e], mesh->shape(), best->outputs[r], mesh->coordinate()).shape;
+      DTRAIN_ASSERT(local.sizes().vec() == expect, op_name(op), " under ", to_string(best->outputs[r]),
+                    " gave a block of ", local.sizes(), " where ", c10::IntArrayRef(expect), " was expected");
+      wrapped.push_back(detail::make_dtensor(local, mesh, best->outputs[r], shapes[e]));
+    }
+  }
+  // Back onto the stack in the returns' structure.
+  size_t e = 0;
+  for (size_t r = 0; r < n_ret; ++r) {
+    const c10::IValue& iv = args[args.size() - n_ret + r];
+    if (iv.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (size_t j = first_of[r]; j < first_of[r + 1]; ++j) list.push_back(wrapped[e++]);
+      stack->emplace_back(list);
+    } else {
+      stack->emplace_back(wrapped[e++]);
+    }
+  }
   return true;
 }
 
@@ -179,19 +255,32 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
 
-  // The DTensor arguments, and whether the plain ones are all scalars.
-  std::vector<std::pair<size_t, at::Tensor>> dts;  // (stack index, DTensor)
-  bool plain_only_scalars = true;
-  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
-    if (is_dtensor(t)) {
-      dts.emplace_back(i, t);
-    } else if (t.defined() && t.dim() > 0) {
-      plain_only_scalars = false;
-    }
+  // The mesh (of the first DTensor argument). Plain tensors other than 0-d ones (scalars) that the op does
+  // not write are taken as Replicate on it: the same on every rank, as a constant of the model code is (an
+  // arange of positions, a mask). 0-d plain tensors stay scalars.
+  MeshPtr mesh;
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
+    if (!mesh && is_dtensor(t)) mesh = meta_of(t).mesh;
     return at::Tensor();
   });
-  DTRAIN_ASSERT(!dts.empty(), "the DTensor handler ran ", op_name(op), " without a DTensor argument");
-  const MeshPtr mesh = meta_of(dts[0].second).mesh;
+  DTRAIN_ASSERT(mesh != nullptr, "the DTensor handler ran ", op_name(op), " without a DTensor argument");
+  bool plain_only_scalars = true;
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
+    if (!t.defined() || is_dtensor(t) || t.dim() == 0) return at::Tensor();
+    const auto* alias = schema.arguments()[i - base].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      plain_only_scalars = false;
+      return at::Tensor();
+    }
+    return detail::make_dtensor(t, mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec());
+  });
+
+  // The DTensor arguments.
+  std::vector<std::pair<size_t, at::Tensor>> dts;  // (stack index, DTensor)
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
+    if (is_dtensor(t)) dts.emplace_back(i, t);
+    return at::Tensor();
+  });
   for (auto& [i, t] : dts) {
     if (meta_of(t).mesh.get() != mesh.get() && meta_of(t).mesh->shape() != mesh->shape()) {
       throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op),
@@ -208,12 +297,26 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   const bool writes = n_written > 0;
   bool all_rep = std::all_of(dts.begin(), dts.end(),
                              [](auto& d) { return all_replicate(meta_of(d.second).placements); });
-  // In place: only pointwise ops that write their first argument, a DTensor whose shape the op keeps.
-  bool in_place_self = n_written == 1 && op.hasTag(at::Tag::pointwise) && dts[0].first == base &&
+  // Ops that return no tensor (item(), is_nonzero, equal, ...): on the whole values.
+  const bool returns_tensor =
+      std::any_of(schema.returns().begin(), schema.returns().end(), [](const auto& r) {
+        auto k = r.type()->kind();
+        return k == c10::TypeKind::TensorType || k == c10::TypeKind::ListType;
+      });
+  if (!returns_tensor && !writes && !all_rep) {
+    Placements rep(mesh->ndim(), Replicate());
+    for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
+      return is_dtensor(t) ? detail::redistributed_local(t, rep) : at::Tensor();
+    });
+    op.callBoxed(stack);
+    return;
+  }
+  // In place with a rule: ops that write only their first argument, a DTensor, and return it.
+  bool in_place_self = n_written == 1 && dts[0].first == base && schema.returns().size() == 1 &&
                        schema.arguments()[0].alias_info() != nullptr &&
                        schema.arguments()[0].alias_info()->isWrite();
-  if ((!writes || in_place_self) && !all_rep && plain_only_scalars && schema.returns().size() == 1) {
-    if (auto rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise))) {
+  if ((!writes || in_place_self) && !all_rep && plain_only_scalars) {
+    if (const RuleSpec* rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise))) {
       if (run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
     }
   }

@@ -9,6 +9,7 @@ set(allowed_comm_gloo "core;comm;comm_gloo")
 set(allowed_comm_factory "core;comm;comm_mpi;comm_gloo;comm_factory")
 set(allowed_mesh "core;comm;mesh")
 set(allowed_tensor "core;comm;mesh;tensor")
+set(allowed_models "core;models")
 
 # Module of a repository-relative path.
 function(module_of path out)
@@ -25,7 +26,7 @@ function(module_of path out)
 endfunction()
 
 set(violations "")
-foreach(dir core launch comm mesh tensor)
+foreach(dir core launch comm mesh tensor models)
   file(GLOB_RECURSE files RELATIVE ${ROOT} ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.cpp)
   foreach(f ${files})
     module_of(${f} from)

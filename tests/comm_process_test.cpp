@@ -122,6 +122,22 @@ INSTANTIATE_TEST_SUITE_P(Backends, OpMatrix,
                                            std::make_tuple("gloo", 4), std::make_tuple("mpi", 2)),
                          backend_ranks_name);
 
+// models::GPT on DTensors, one forward + backward + AdamW step, equal to the same model on one process: data
+// parallel (even and uneven batch), Megatron tensor parallel and, at 4 ranks, the 2x2 combination.
+class GPTEndToEnd : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(GPTEndToEnd, LayoutsMatchOneProcess) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "gpt");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GPTEndToEnd,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
+                                           std::make_tuple("mpi", 4)),
+                         backend_ranks_name);
+
 class Groups : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Groups, MeshAxisGroupsAndSplitOn2x2) {

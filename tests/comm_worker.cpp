@@ -312,6 +312,8 @@ int main(int argc, char** argv) {
       suite_mesh(world);
     } else if (suite == "dtensor") {
       suite_dtensor(world);
+    } else if (suite == "gpt") {
+      suite_gpt(world);
     } else if (suite == "ops") {
       suite_ops(world);
     } else if (suite == "redistribute") {

@@ -54,9 +54,11 @@ at::Tensor block_of(const at::Tensor& g, const mesh::DeviceMesh& m, const tensor
   at::Tensor v = g;
   for (size_t a = 0; a < placements.size(); ++a) {
     if (placements[a].is_partial()) {
-      int64_t other = 0;  // the coordinates on the other axes
+      // The coordinates on the other axes, except Replicate ones: a Replicate axis holds the same values at
+      // each of its coordinates (that is what the ops' rules rely on, e.g. (R, P) x (P, R) -> (P, P)).
+      int64_t other = 0;
       for (size_t b = 0; b < placements.size(); ++b) {
-        if (b != a) other = other * 3 + m.coordinate()[b];
+        if (b != a && !placements[b].is_replicate()) other = other * 3 + m.coordinate()[b];
       }
       v = partial_part(v, placements[a].op, m.size(static_cast<int>(a)), m.coordinate()[a],
                        static_cast<int>(a), other);

@@ -1,0 +1,111 @@
+#include "models/gpt.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+
+#include "core/error.h"
+
+namespace dtrain::models {
+
+void GPTConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw ValueError(str_cat("model.", name, " = ", v, " is not positive. Set it to 1 or more."));
+  };
+  positive("vocab_size", vocab_size);
+  positive("block_size", block_size);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  if (n_embd % n_head != 0) {
+    throw ValueError(str_cat("model.n_embd = ", n_embd, " is not a multiple of model.n_head = ", n_head,
+                             ". Choose n_embd = n_head * head_dim."));
+  }
+  if (dropout < 0 || dropout >= 1) {
+    throw ValueError(str_cat("model.dropout = ", dropout, " is outside [0, 1). Use 0 to turn it off."));
+  }
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head(c.n_head), dropout(c.dropout) {
+  // Separate q, k and v projections (rather than one fused [3C, C]) so that each can be column-sharded by
+  // heads on its own.
+  q = register_module("q", torch::nn::Linear(c.n_embd, c.n_embd));
+  k = register_module("k", torch::nn::Linear(c.n_embd, c.n_embd));
+  v = register_module("v", torch::nn::Linear(c.n_embd, c.n_embd));
+  proj = register_module("proj", torch::nn::Linear(c.n_embd, c.n_embd));
+  resid_drop = register_module("resid_drop", torch::nn::Dropout(c.dropout));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
+  at::Tensor y = at::scaled_dot_product_attention(heads(q(x)), heads(k(x)), heads(v(x)), std::nullopt,
+                                                  is_training() ? dropout : 0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return resid_drop(proj(y));
+}
+
+MLPImpl::MLPImpl(const GPTConfig& c) {
+  fc = register_module("fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd));
+  proj = register_module("proj", torch::nn::Linear(4 * c.n_embd, c.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) { return drop(proj(at::gelu(fc(x)))); }
+
+BlockImpl::BlockImpl(const GPTConfig& c) {
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(c));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  mlp = register_module("mlp", MLP(c));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + attn(ln1(x));
+  return h + mlp(ln2(h));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& c) : config(c) {
+  c.validate();
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks.push_back(register_module("h" + std::to_string(i), Block(c)));
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  // The output head is wte itself (tied): no parameter of its own.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
+  at::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    at::Tensor& t = p.value();
+    if (name.find("ln") != std::string::npos) {
+      t.fill_(name.size() >= 6 && name.substr(name.size() - 6) == "weight" ? 1.0 : 0.0);
+    } else if (name.substr(name.size() - 4) == "bias") {
+      t.zero_();
+    } else {
+      t.normal_(0.0, 0.02, gen);
+    }
+  }
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  if (T > config.block_size) {
+    throw ValueError(str_cat("GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size,
+                             ". Shorten the sequence or raise block_size."));
+  }
+  at::Tensor pos = at::arange(T, idx.options().dtype(at::kLong));
+  at::Tensor x = drop(wte(idx) + wpe(pos));
+  for (auto& b : blocks) x = b(x);
+  return torch::nn::functional::linear(ln_f(x), wte->weight);
+}
+
+at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  at::Tensor logits = forward(idx);
+  return torch::nn::functional::cross_entropy(logits.view({-1, config.vocab_size}), targets.view({-1}));
+}
+
+}  // namespace dtrain::models

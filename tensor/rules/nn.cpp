@@ -1,0 +1,105 @@
+// Layer norm and embedding. See sharding_rules.h.
+//
+//   op                           per-axis options (inputs -> outputs)
+//   native_layer_norm(x, w, b)   all R -> R; x S(d) for a dim d before the normalised ones, w and b R ->
+//                                (out, mean, rstd) S(d)
+//   native_layer_norm_backward   all R -> R; grad, x, mean, rstd S(d), w and b R -> (S(d), P(sum), P(sum));
+//     (grad, x, mean, rstd, w, b)  grad P, the rest R -> P (the backward is linear in grad)
+//   embedding(weight, ids)       (R, R) -> R; (R, S(d)) -> S(d); (S(1), R) -> S(last); (P, R) -> P
+//   embedding_dense_backward     (R, R) -> R; (S(d), S(d)) -> P(sum) for an ids dim d; (S(last), R) -> S(1);
+//     (grad, ids)                (P, R) -> P. With scale_grad_by_freq the counts are global: R only
+#include "tensor/sharding_rules.h"
+
+namespace dtrain::tensor::rules {
+
+namespace {
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+RuleResult layer_norm_rule(const RuleCall& c) {
+  const size_t n = c.input_shapes.size();
+  const auto& x = c.input_shapes[0];
+  const int64_t axis = static_cast<int64_t>(x.size() - (*c.args)[1].toIntVector().size());
+  std::vector<AxisStrategy> s{
+      {std::vector<Placement>(n, Replicate()), std::vector<Placement>(3, Replicate())}};
+  for (int64_t d = 0; d < axis; ++d) {
+    std::vector<Placement> in(n, Replicate());
+    in[0] = Shard(static_cast<int>(d));
+    s.push_back({in, std::vector<Placement>(3, Shard(static_cast<int>(d)))});
+  }
+  RuleResult r(std::move(s));
+  std::vector<int64_t> stats(x.begin(), x.begin() + axis);
+  stats.resize(x.size(), 1);
+  r.output_shapes = {x, stats, stats};
+  return r;
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
+//   -> (grad_input, grad_weight, grad_bias)
+RuleResult layer_norm_backward_rule(const RuleCall& c) {
+  const size_t n = c.input_shapes.size();
+  const auto& x = c.input_shapes[1];
+  std::vector<int64_t> normalized = (*c.args)[2].toIntVector();
+  const int64_t axis = static_cast<int64_t>(x.size() - normalized.size());
+  std::vector<AxisStrategy> s{
+      {std::vector<Placement>(n, Replicate()), std::vector<Placement>(3, Replicate())}};
+  for (int64_t d = 0; d < axis; ++d) {
+    std::vector<Placement> in(n, Replicate());
+    for (size_t k = 0; k < 4; ++k) in[k] = Shard(static_cast<int>(d));
+    s.push_back({in, {Shard(static_cast<int>(d)), Partial(), Partial()}});
+  }
+  {
+    std::vector<Placement> in(n, Replicate());
+    in[0] = Partial();
+    s.push_back({in, {Partial(), Partial(), Partial()}});
+  }
+  RuleResult r(std::move(s));
+  r.output_shapes = {x, normalized, normalized};
+  return r;
+}
+
+// embedding(weight [V, D], indices, padding_idx, scale_grad_by_freq, sparse) -> [*indices, D]
+RuleResult embedding_rule(const RuleCall& c) {
+  const auto& w = c.input_shapes[0];
+  const auto& ids = c.input_shapes[1];
+  std::vector<AxisStrategy> s{{{Replicate(), Replicate()}, Replicate()},
+                              {{Shard(1), Replicate()}, Shard(static_cast<int>(ids.size()))}};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.push_back({{Partial(op), Replicate()}, Partial(op)});
+  for (size_t d = 0; d < ids.size(); ++d) {
+    s.push_back({{Replicate(), Shard(static_cast<int>(d))}, Shard(static_cast<int>(d))});
+  }
+  RuleResult r(std::move(s));
+  std::vector<int64_t> out = ids;
+  out.push_back(w[1]);
+  r.output_shapes = {out};
+  return r;
+}
+
+// embedding_dense_backward(grad [*indices, D], indices, num_weights, padding_idx, scale_grad_by_freq)
+RuleResult embedding_backward_rule(const RuleCall& c) {
+  const auto& g = c.input_shapes[0];
+  const auto& ids = c.input_shapes[1];
+  const auto& args = *c.args;
+  std::vector<AxisStrategy> s{{{Replicate(), Replicate()}, Replicate()}};
+  if (!args[4].toBool()) {
+    s.push_back({{Shard(static_cast<int>(ids.size())), Replicate()}, Shard(1)});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.push_back({{Partial(op), Replicate()}, Partial(op)});
+    for (size_t d = 0; d < ids.size(); ++d) {
+      s.push_back({{Shard(static_cast<int>(d)), Shard(static_cast<int>(d))}, Partial()});
+    }
+  }
+  RuleResult r(std::move(s));
+  r.output_shapes = {{args[2].toInt(), g.back()}};
+  return r;
+}
+
+}  // namespace
+
+void add_nn(RuleTable& t) {
+  t["aten::native_layer_norm"] = {layer_norm_rule, true};
+  t["aten::native_layer_norm_backward"] = {layer_norm_backward_rule, true};
+  t["aten::embedding"] = {embedding_rule, true};
+  t["aten::embedding_dense_backward"] = {embedding_backward_rule, true};
+}
+
+}  // namespace dtrain::tensor::rules

@@ -1,0 +1,179 @@
+// Pointwise ops (with broadcasting), ops that keep every layout (detach, clone, casts), *_like factories and
+// random fills (dropout). See sharding_rules.h.
+//
+//   op                         per-axis options (inputs -> outputs)
+//   pointwise (tagged), n-ary  all R -> R; for each output dim d: each input S(its aligned dim), or R where
+//   it
+//                              broadcasts along d -> S(d)
+//     linear ones (add, sub,   also all P -> P (same reduce op; no plain tensor argument)
+//     neg, mul/div by Scalar)
+//     mul, div (Tensor)        also one P(sum/avg) factor (the numerator for div), the others R -> P
+//   detach, clone, alias,      every placement to itself
+//     _to_copy, lift_fresh
+//   *_like factories           R -> R, S(d) -> S(d), P -> R (only the shape is read)
+//   bernoulli_, uniform_,      in place, S(d) and R: the values of one global draw (every rank draws the
+//   whole
+//     normal_ (random fills)   tensor from its generator, which the ranks share, and keeps its block), so a
+//                              sharded tensor gets its part of the mask a single process would have drawn
+//   native_dropout             as the fills: the global mask's block; R, S(d)
+#include <ATen/ATen.h>
+
+#include "tensor/detail/dtensor_meta.h"
+#include "tensor/redistribute.h"
+#include "tensor/shard_math.h"
+#include "tensor/sharding_rules.h"
+
+namespace dtrain::tensor::rules {
+
+namespace {
+
+bool only_dtensor_tensors(const RuleCall& c) {
+  size_t tensors = 0;
+  for (const auto& a : *c.args) {
+    if (a.isTensor() && a.toTensor().defined()) ++tensors;
+  }
+  return tensors == c.input_shapes.size();
+}
+
+std::vector<AxisStrategy> broadcast_options(const RuleCall& c) {
+  const size_t n = c.input_shapes.size();
+  const auto& out_shape = c.out_shape();
+  const int64_t out_ndim = static_cast<int64_t>(out_shape.size());
+  std::vector<AxisStrategy> s;
+  s.push_back({std::vector<Placement>(n, Replicate()), Replicate()});
+  for (int64_t d = 0; d < out_ndim; ++d) {
+    AxisStrategy option{{}, Shard(static_cast<int>(d))};
+    for (const auto& shape : c.input_shapes) {
+      int64_t di = d - (out_ndim - static_cast<int64_t>(shape.size()));
+      bool broadcast = di < 0 || shape[di] != out_shape[d];
+      option.inputs.push_back(broadcast ? Replicate() : Shard(static_cast<int>(di)));
+    }
+    s.push_back(option);
+  }
+  return s;
+}
+
+RuleResult pointwise_rule(const RuleCall& c) { return broadcast_options(c); }
+
+// Ops linear in every tensor argument: Partial inputs (all with one reduce op) give a Partial output.
+RuleResult linear_rule(const RuleCall& c) {
+  auto s = broadcast_options(c);
+  if (only_dtensor_tensors(c)) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.push_back({std::vector<Placement>(c.input_shapes.size(), Partial(op)), Partial(op)});
+  }
+  return s;
+}
+
+// mul/div: linear in one factor at a time (for div, the numerator).
+RuleResult product_rule(const RuleCall& c, bool numerator_only) {
+  auto s = broadcast_options(c);
+  const size_t n = c.input_shapes.size();
+  for (size_t k = 0; k < n && (!numerator_only || k == 0); ++k) {
+    if (n == 1 || c.input_shapes[k] == c.out_shape()) {  // the Partial factor must not broadcast
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        std::vector<Placement> in(n, Replicate());
+        in[k] = Partial(op);
+        s.push_back({in, Partial(op)});
+      }
+    }
+  }
+  return s;
+}
+
+RuleResult identity_rule(const RuleCall& c) { return identity_options(c.input_shapes[0].size()); }
+
+RuleResult like_rule(const RuleCall& c) {
+  std::vector<AxisStrategy> s{{{Replicate()}, Replicate()}};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
+    s.push_back({{Partial(op)}, Replicate()});
+  for (size_t d = 0; d < c.input_shapes[0].size(); ++d) {
+    s.push_back({{Shard(static_cast<int>(d))}, Shard(static_cast<int>(d))});
+  }
+  return s;
+}
+
+std::vector<AxisStrategy> unpartial_options(size_t ndim, size_t n_out) {
+  std::vector<AxisStrategy> s{{{Replicate()}, std::vector<Placement>(n_out, Replicate())}};
+  for (size_t d = 0; d < ndim; ++d) {
+    s.push_back({{Shard(static_cast<int>(d))}, std::vector<Placement>(n_out, Shard(static_cast<int>(d)))});
+  }
+  return s;
+}
+
+// Random ops: the op runs on a whole-size tensor (consuming the generator exactly as one process would), and
+// this rank keeps its block. In place (bernoulli_, ...) the block is written into the argument's; out of
+// place (rand_like, ...) it is the output.
+RuleResult random_rule(const RuleCall& c) {
+  RuleResult r = unpartial_options(c.input_shapes[0].size(), 1);
+  std::vector<int64_t> shape = c.input_shapes[0];
+  r.run = [shape](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice& choice,
+                  const MeshPtr& mesh) {
+    at::Tensor local = stack[0].toTensor();
+    const auto* alias = op.schema().arguments()[0].alias_info();
+    bool in_place = alias != nullptr && alias->isWrite();
+    stack[0] = at::empty(shape, local.options());
+    op.callBoxed(&stack);
+    at::Tensor block =
+        local_block(stack.back().toTensor(), mesh->shape(), choice.outputs[0], mesh->coordinate());
+    stack.back() = in_place ? local.copy_(block) : block.contiguous();
+  };
+  return r;
+}
+
+// native_dropout(input, p, train) -> (output, mask): the mask is the block of the one a single process would
+// draw for the whole tensor; output = input * mask * 1/(1-p), as libtorch computes it.
+RuleResult dropout_rule(const RuleCall& c) {
+  RuleResult r = unpartial_options(c.input_shapes[0].size(), 2);
+  std::vector<int64_t> shape = c.input_shapes[0];
+  r.output_shapes = {shape, shape};
+  r.run = [shape](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice& choice,
+                  const MeshPtr& mesh) {
+    at::Tensor local = stack[0].toTensor();
+    double p = stack[1].toDouble();
+    bool train = stack.size() < 3 || stack[2].isNone() || stack[2].toBool();
+    stack[0] = at::ones(shape, local.options());
+    op.callBoxed(&stack);  // (whole output, whole mask)
+    at::Tensor mask = local_block(stack[1].toTensor(), mesh->shape(), choice.outputs[1], mesh->coordinate());
+    double scale = !train ? 1.0 : p >= 1 ? 0.0 : 1.0 / (1.0 - p);
+    at::Tensor out = local.mul(mask).mul_(scale);
+    stack[0] = out;
+    stack[1] = mask.contiguous();
+  };
+  return r;
+}
+
+}  // namespace
+
+const RuleSpec& pointwise_spec() {
+  static const RuleSpec spec{pointwise_rule};
+  return spec;
+}
+
+void add_pointwise(RuleTable& t) {
+  for (const char* op :
+       {"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor", "aten::neg",
+        "aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Scalar", "aten::div_.Scalar"}) {
+    t[op] = {linear_rule};
+  }
+  for (const char* op : {"aten::mul.Tensor", "aten::mul_.Tensor"}) {
+    t[op] = {[](const RuleCall& c) { return product_rule(c, false); }};
+  }
+  for (const char* op : {"aten::div.Tensor", "aten::div_.Tensor"}) {
+    t[op] = {[](const RuleCall& c) { return product_rule(c, true); }};
+  }
+  for (const char* op :
+       {"aten::detach", "aten::_to_copy", "aten::clone", "aten::alias", "aten::lift_fresh"}) {
+    t[op] = {identity_rule};
+  }
+  for (const char* op : {"aten::ones_like", "aten::zeros_like", "aten::empty_like", "aten::full_like"}) {
+    t[op] = {like_rule};
+  }
+  for (const char* op :
+       {"aten::bernoulli_.float", "aten::uniform_", "aten::normal_", "aten::rand_like", "aten::randn_like"}) {
+    t[op] = {random_rule};
+  }
+  t["aten::native_dropout"] = {dropout_rule, true};
+}
+
+}  // namespace dtrain::tensor::rules
