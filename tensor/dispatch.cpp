@@ -114,6 +114,10 @@ std::vector<std::vector<int64_t>> infer_output_shapes(const c10::OperatorHandle&
     return {shape};
   }
   torch::jit::Stack meta(args);
+  for (auto& iv : meta) {  // lists are shared between IValue copies: give the meta call its own
+    if (iv.isTensorList()) iv = c10::List<at::Tensor>(iv.toTensorVector());
+    if (iv.isOptionalTensorList()) iv = c10::List<std::optional<at::Tensor>>(iv.toOptionalTensorList().vec());
+  }
   for_each_tensor(meta, meta.size(), [&](const at::Tensor& t, size_t) {
     return is_dtensor(t) ? at::empty(t.sizes(), t.options().device(at::kMeta)) : at::Tensor();
   });
@@ -133,8 +137,8 @@ std::vector<std::vector<int64_t>> infer_output_shapes(const c10::OperatorHandle&
 // `in_place`: the op writes its first argument (a DTensor, dts[0]), which keeps its placements; only options
 // whose output and first input equal them qualify, and the first argument itself is returned.
 bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const RuleSpec& spec,
-                   const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh,
-                   bool in_place) {
+                   const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh, bool in_place,
+                   std::optional<std::pair<size_t, at::Tensor>> out_arg = std::nullopt) {
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t n_ret = schema.returns().size();
@@ -201,7 +205,8 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
 
   // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order).
   size_t k = 0;
-  for_each_tensor(args, args.size(), [&](const at::Tensor& t, size_t) {
+  for_each_tensor(args, args.size(), [&](const at::Tensor& t, size_t i) {
+    if (out_arg && i == out_arg->first - base) return at::empty({0}, t.options());  // out=: resized by the op
     if (!is_dtensor(t)) return at::Tensor();
     const Placements& want = best->inputs[k];
     const at::Tensor& dt = dts[k++].second;
@@ -220,6 +225,15 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   }
   std::vector<at::Tensor> locals = returned_tensors(args, n_ret);
   if (res.finish) res.finish(locals, *best, mesh);
+  if (out_arg) {  // the out= DTensor takes the result's block, placements and shape (as out= resizes)
+    at::Tensor out = out_arg->second;
+    auto* impl = out.unsafeGetTensorImpl();
+    impl->set_sizes_contiguous(shapes[0]);
+    impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(locals[0], mesh, best->outputs[0]));
+    impl->bump_version();
+    stack->push_back(out);
+    return true;
+  }
   std::vector<at::Tensor> wrapped;
   for (size_t r = 0; r < n_out; ++r) {
     for (size_t e = first_of[r]; e < first_of[r + 1]; ++e) {
@@ -318,6 +332,18 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   if ((!writes || in_place_self) && !all_rep && plain_only_scalars) {
     if (const RuleSpec* rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise))) {
       if (run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
+    }
+  }
+  // out= ops (one written keyword argument `out`, a DTensor, returned): by the rule of the op's functional
+  // form, the out DTensor taking the result.
+  if (n_written == 1 && schema.returns().size() == 1 && !all_rep && plain_only_scalars) {
+    for (size_t k = 0; k < dts.size(); ++k) {
+      const auto& arg = schema.arguments()[dts[k].first - base];
+      if (!(arg.kwarg_only() && arg.name() == "out" && arg.alias_info() != nullptr)) continue;
+      auto inputs = dts;
+      inputs.erase(inputs.begin() + static_cast<std::ptrdiff_t>(k));
+      const RuleSpec* rule = inputs.empty() ? nullptr : find_rule(op_name(op), op.hasTag(at::Tag::pointwise));
+      if (rule && run_with_rule(op, stack, *rule, inputs, mesh, false, dts[k])) return;
     }
   }
   const bool replicated = all_rep;

@@ -184,13 +184,16 @@ at::Tensor run_redistribute(const at::Tensor& local, const mesh::DeviceMesh& mes
                              c10::IntArrayRef(plan.problem.shape), " gives this rank ",
                              c10::IntArrayRef(expect), ". Pass this rank's block (see local_block)."));
   }
+  // The engines move six dtypes; bool and small integers (masks, token ids) travel widened to int32, exactly.
+  const auto dtype = local.scalar_type();
+  const bool widen = dtype == at::kBool || dtype == at::kByte || dtype == at::kChar || dtype == at::kShort;
   Runner runner(mesh, issued);
-  at::Tensor x = local;
+  at::Tensor x = widen ? local.to(at::kInt) : local;
   for (const auto& s : plan.steps) {
     x = runner.step(x, s, plan.problem.shape);
     runner.finish();
   }
-  return x;
+  return widen ? x.to(dtype) : x;
 }
 
 at::Tensor local_block(const at::Tensor& full, const std::vector<int64_t>& mesh_shape,

@@ -31,6 +31,14 @@ const RuleSpec* find_rule(const std::string& op, bool pointwise) {
   }();
   auto it = table.find(op);
   if (it != table.end()) return &it->second;
+  // An out= overload ("aten::mm.out", "aten::mul.out") shares its functional form's rule.
+  auto dot = op.rfind('.');
+  if (dot != std::string::npos && op.find("out", dot) != std::string::npos) {
+    for (const std::string& name : {op.substr(0, dot), op.substr(0, dot) + ".Tensor"}) {
+      it = table.find(name);
+      if (it != table.end()) return &it->second;
+    }
+  }
   if (pointwise) return &rules::pointwise_spec();
   return nullptr;
 }

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "tensor/redistribute.h"
+#include "tensor/shard_math.h"
 
 namespace dtrain::test {
 
@@ -39,8 +41,63 @@ void check_close(const std::string& what, const at::Tensor& actual, const at::Te
     g_failures += str_cat("FAIL ", what, ": shape ", actual.sizes(), " vs expected ", expected.sizes(), "\n");
     return;
   }
+  if (actual.numel() == 0) return;  // an empty block (more ranks than rows)
   double diff = (actual.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
   if (!(diff <= tol)) g_failures += str_cat("FAIL ", what, ": max diff ", diff, " > ", tol, "\n");
+}
+
+// Values whose reduction with `op` over the k coordinates of axis `axis` is `v`, and that differ between
+// coordinates (so a result cannot match by coincidence): this coordinate's part. Integer-valued, so every
+// check is exact.
+// `other` (the coordinates on the other axes) also varies the parts, so that reducing over the wrong axis or
+// in the wrong order shows.
+namespace {
+
+at::Tensor partial_part(const at::Tensor& v, comm::ReduceOp op, int64_t k, int64_t c, int axis,
+                        int64_t other) {
+  at::Tensor idx = at::arange(v.numel(), at::kLong).view(v.sizes()).to(v.scalar_type());
+  auto noise = [&](int64_t i) { return at::remainder(idx * 7 + i * 5 + axis * 3 + other * 11, 9) - 4; };
+  auto sum_part = [&](const at::Tensor& total) {
+    if (c < k - 1) return noise(c);
+    at::Tensor rest = total.clone();
+    for (int64_t i = 0; i < k - 1; ++i) rest -= noise(i);
+    return rest;
+  };
+  switch (op) {
+    case comm::ReduceOp::kSum:
+      return sum_part(v);
+    case comm::ReduceOp::kAvg:  // multiples of k, so that P(avg) -> P(sum) (a division by k) stays exact
+      return sum_part(v) * static_cast<double>(k);
+    case comm::ReduceOp::kMax:
+      return c == axis % k ? v : v - (1 + at::remainder(idx + c, 3));
+    case comm::ReduceOp::kMin:
+      return c == axis % k ? v : v + (1 + at::remainder(idx + c, 3));
+  }
+  return v;
+}
+
+}  // namespace
+
+// This rank's block of `g` laid out as `placements`, with asymmetric parts on Partial axes.
+at::Tensor block_of(const at::Tensor& g, const mesh::DeviceMesh& m, const tensor::Placements& placements) {
+  at::Tensor v = g;
+  for (size_t a = 0; a < placements.size(); ++a) {
+    if (placements[a].is_partial()) {
+      // The coordinates on the other axes, except Replicate ones: a Replicate axis holds the same values at
+      // each of its coordinates (that is what the ops' rules rely on, e.g. (R, P) x (P, R) -> (P, P)).
+      int64_t other = 0;
+      for (size_t b = 0; b < placements.size(); ++b) {
+        if (b != a && !placements[b].is_replicate()) other = other * 3 + m.coordinate()[b];
+      }
+      v = partial_part(v, placements[a].op, m.size(static_cast<int>(a)), m.coordinate()[a],
+                       static_cast<int>(a), other);
+    }
+  }
+  tensor::Placements shards_only = placements;
+  for (auto& p : shards_only) {
+    if (p.is_partial()) p = tensor::Replicate();
+  }
+  return tensor::local_block(v, m.shape(), shards_only, m.coordinate());
 }
 
 }  // namespace dtrain::test

@@ -7,6 +7,9 @@
 
 #include <string>
 
+#include "mesh/device_mesh.h"
+#include "tensor/placement.h"
+
 namespace dtrain::test {
 
 extern int g_checks;
@@ -15,5 +18,9 @@ extern std::string g_failures;
 void check_equal(const std::string& what, const at::Tensor& actual, const at::Tensor& expected);
 void check_close(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
                  double tol = 1e-5);
+
+// This rank's block of the global tensor `g` laid out as `placements` on `m`, with asymmetric integer-valued
+// parts on Partial axes (and the same values at every coordinate of a Replicate axis).
+at::Tensor block_of(const at::Tensor& g, const mesh::DeviceMesh& m, const tensor::Placements& placements);
 
 }  // namespace dtrain::test

@@ -12,8 +12,8 @@ void suite_redistribute(const comm::BackendPtr& world);
 void suite_ops(const comm::BackendPtr& world);
 // DTensor end to end: creation, ops, fallback, strict mode, gradients, nn::Linear + AdamW, comm accounting.
 void suite_dtensor(const comm::BackendPtr& world);
-// models::GPT, one forward + backward + AdamW step in the data parallel, Megatron and (4 ranks) 2-d layouts, against
-// the same model on one process.
+// models::GPT, one forward + backward + AdamW step in the data parallel, Megatron and (4 ranks) 2-d layouts,
+// against the same model on one process.
 void suite_gpt(const comm::BackendPtr& world);
 
 }  // namespace dtrain::test

@@ -8,6 +8,9 @@
 //                            output; a P(sum) output needs C as P(sum)
 //   flash attention (CPU)    q, k, v (and the backward's tensors) all S(0) (batch) or all S(1) (heads) ->
 //     and its backward       every output alike; all R -> R. With an attention mask: R only
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+
 #include "tensor/sharding_rules.h"
 
 namespace dtrain::tensor::rules {
@@ -59,6 +62,28 @@ RuleResult attention_rule(const RuleCall& c, size_t n_tensors, size_t n_out) {
       s.push_back({std::vector<Placement>(n, Shard(d)), std::vector<Placement>(n_out, Shard(d))});
   }
   RuleResult r(std::move(s));
+  // libtorch's CPU kernels divide by the batch size: a rank whose block is empty (more ranks than rows)
+  // returns empty outputs without calling them.
+  r.run = [n_out](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice&, const MeshPtr&) {
+    const at::Tensor q = stack[n_out == 2 ? 0 : 1].toTensor();
+    if (q.numel() > 0) return op.callBoxed(&stack);
+    if (n_out == 2) {
+      const at::Tensor v = stack[2].toTensor();
+      auto lse_type = at::toOpMathType(q.scalar_type());
+      at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+      at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_type));
+      stack.clear();
+      stack.emplace_back(out);
+      stack.emplace_back(lse);
+    } else {
+      at::Tensor gq = at::zeros_like(stack[1].toTensor()), gk = at::zeros_like(stack[2].toTensor()),
+                 gv = at::zeros_like(stack[3].toTensor());
+      stack.clear();
+      stack.emplace_back(gq);
+      stack.emplace_back(gk);
+      stack.emplace_back(gv);
+    }
+  };
   if (n_out == 2) {
     const auto& q = c.input_shapes[0];
     r.output_shapes = {{q[0], q[1], q[2], c.input_shapes[2][3]}, {q[0], q[1], q[2]}};

@@ -101,7 +101,14 @@ RuleResult amax_rule(const RuleCall& c, ReduceOp op) {
 
 RuleResult var_rule(const RuleCall& c) {
   auto [reduced, keepdim] = reduced_dims(c, 1, 3);
-  return reduction_options(reduced, keepdim, std::nullopt, {});
+  RuleResult r = reduction_options(reduced, keepdim, std::nullopt, {});
+  std::vector<int64_t> out;  // var has no C++ meta kernel: its shape here
+  for (size_t d = 0; d < reduced.size(); ++d) {
+    if (!reduced[d]) out.push_back(c.input_shapes[0][d]);
+    if (reduced[d] && keepdim) out.push_back(1);
+  }
+  r.output_shapes = {out};
+  return r;
 }
 
 // softmax, log_softmax and their backward (every tensor input has the output's shape): any other dim may stay
@@ -177,7 +184,7 @@ void add_reduction(RuleTable& t) {
   t["aten::mean.dim"] = {[](const RuleCall& c) { return mean_rule(c, 1); }};
   t["aten::amax"] = {[](const RuleCall& c) { return amax_rule(c, ReduceOp::kMax); }};
   t["aten::amin"] = {[](const RuleCall& c) { return amax_rule(c, ReduceOp::kMin); }};
-  t["aten::var.correction"] = {var_rule};
+  t["aten::var.correction"] = {var_rule, true};
   for (const char* op : {"aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
                          "aten::_log_softmax_backward_data"}) {
     t[op] = {along_dim_rule};
