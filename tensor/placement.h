@@ -45,6 +45,11 @@ using Placements = std::vector<Placement>;
 // "(S(0), R)"
 std::string to_string(const Placements& placements);
 
+// Parses "S(0)", "R", "P(sum)" (also Shard(0), Replicate(), Partial(avg); Partial alone is sum), and a
+// comma-separated tuple of them, with or without parentheses: "(S(0), R)". ValueError naming the bad part.
+Placement parse_placement(const std::string& text);
+Placements parse_placements(const std::string& text);
+
 // Every tuple of `axes` placements drawn from `options` (options^axes tuples, the last axis varying fastest).
 std::vector<Placements> all_placements(const std::vector<Placement>& options, int axes);
 

@@ -195,6 +195,26 @@ TEST(BenchProfile, WritesAProfileFile) {
   fs::remove_all(dir);
 }
 
+// `dtrain explain` prints the planner's choice for a 2x2-mesh redistribution next to the naive route, reading
+// the profile written above when given one; a bad placement is exit code 2 with the reason.
+TEST(Explain, PrintsThePlanFor2x2Mesh) {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  std::string out = (dir / "out.txt").string();
+  std::string cmd = std::string(DTRAIN_BINARY) +
+                    " explain --mesh 2,2 --shape 1000,999 --from 'S(0),P(sum)' --to 'R,S(1)' > " + out +
+                    " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+  std::string text = read_file(out);
+  EXPECT_NE(text.find("axis 1: P(sum)  -> S(1)    reduce_scatter"), std::string::npos) << text;
+  EXPECT_NE(text.find("naive route"), std::string::npos) << text;
+  cmd = std::string(DTRAIN_BINARY) + " explain --mesh 2,2 --shape 4,4 --from 'S(0),Q' --to R,R > " + out +
+        " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
+  EXPECT_NE(read_file(out).find("placement \"Q\" is not one of"), std::string::npos) << read_file(out);
+  fs::remove_all(dir);
+}
+
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

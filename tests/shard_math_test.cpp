@@ -87,4 +87,27 @@ TEST(ShardMath, PlacementValidation) {
   EXPECT_EQ(to_string(Placements{Shard(0), Replicate(), Partial(ReduceOp::kMax)}), "(S(0), R, P(max))");
 }
 
+// parse_placements reads what to_string writes, the long names, and reports a bad part with its text.
+TEST(ShardMath, ParsePlacements) {
+  for (const Placements& p : all_placements({Shard(0), Shard(2), Replicate(), Partial(ReduceOp::kSum),
+                                             Partial(ReduceOp::kAvg), Partial(ReduceOp::kMax),
+                                             Partial(ReduceOp::kMin)},
+                                            2)) {
+    EXPECT_EQ(parse_placements(to_string(p)), p) << to_string(p);
+  }
+  EXPECT_EQ(parse_placements("Shard(1), Replicate(), Partial(avg)"),
+            (Placements{Shard(1), Replicate(), Partial(ReduceOp::kAvg)}));
+  EXPECT_EQ(parse_placements("S(0)"), (Placements{Shard(0)}));
+  EXPECT_EQ(parse_placement(" P "), Partial(ReduceOp::kSum));
+  for (const char* bad : {"S(x)", "Q", "P(prod)", "S(1", "S(0),"}) {
+    EXPECT_THROW(parse_placements(bad), ValueError) << bad;
+  }
+  try {
+    parse_placements("R, S(a)");
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("placement \"S(a)\" is not one of"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

@@ -1,0 +1,80 @@
+// `dtrain explain`; see cmd_explain.h.
+#include "apps/dtrain/cmd_explain.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "tensor/cost_model.h"
+#include "tensor/redistribute_plan.h"
+#include "tensor/shard_math.h"
+
+namespace dtrain::apps {
+
+namespace {
+
+std::vector<int64_t> parse_sizes(const std::string& what, const std::string& s) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    std::string part = s.substr(start, comma - start);
+    try {
+      size_t used = 0;
+      long long v = std::stoll(part, &used);
+      if (used != part.size() || v < 0) throw std::invalid_argument(part);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw ValueError(
+          str_cat("explain: ", what, " '", s, "' is not a comma-separated list of sizes. Write e.g. 2,2."));
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
+int element_size(const std::string& dtype) {
+  if (dtype == "float64" || dtype == "int64") return 8;
+  if (dtype == "bfloat16" || dtype == "float16") return 2;
+  return 4;
+}
+
+}  // namespace
+
+CLI::App* add_explain_command(CLI::App& app, ExplainOptions& opts) {
+  CLI::App* c = app.add_subcommand(
+      "explain",
+      "Show the DTensor redistribution plan (steps, bytes, predicted time) for a tensor on a mesh");
+  c->add_option("--mesh", opts.mesh, "Mesh axis sizes, e.g. 2,2")->capture_default_str();
+  c->add_option("--shape", opts.shape, "Global tensor shape, e.g. 1024,1024")->capture_default_str();
+  c->add_option("--from", opts.from, "Source placements, one per axis, e.g. \"S(0),P(sum)\"")->required();
+  c->add_option("--to", opts.to, "Target placements, e.g. \"R,S(1)\"")->required();
+  c->add_option("--dtype", opts.dtype, "Element type")
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16", "int32", "int64"}))
+      ->capture_default_str();
+  c->add_option("--profile", opts.profile,
+                "Cost model from `dtrain bench comm --profile FILE` (default: built-in figures)");
+  return c;
+}
+
+int run_explain(const ExplainOptions& opts) {
+  using namespace dtrain::tensor;
+  RedistributeProblem p;
+  p.mesh_shape = parse_sizes("--mesh", opts.mesh);
+  p.shape = parse_sizes("--shape", opts.shape);
+  p.element_size = element_size(opts.dtype);
+  const int axes = static_cast<int>(p.mesh_shape.size());
+  const auto ndim = static_cast<int64_t>(p.shape.size());
+  p.from = check_placements("explain --from", parse_placements(opts.from), ndim, axes);
+  p.to = check_placements("explain --to", parse_placements(opts.to), ndim, axes);
+  CostModel model = opts.profile.empty() ? CostModel::defaults(axes)
+                                         : CostModel::from_profile(read_profile(opts.profile), axes);
+  RedistributePlan plan = plan_redistribute(p, model);
+  RedistributePlan naive = naive_plan(p, model);
+  std::printf("cost model: %s\n", opts.profile.empty() ? "built-in defaults" : opts.profile.c_str());
+  std::printf("chosen plan:\n%s", plan.explain().c_str());
+  std::printf("naive route (gather to Replicate, then re-shard):\n%s", naive.explain().c_str());
+  return 0;
+}
+
+}  // namespace dtrain::apps
