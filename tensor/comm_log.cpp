@@ -7,6 +7,7 @@ namespace dtrain::tensor {
 
 namespace {
 thread_local std::string t_cause = "redistribute";
+thread_local const c10::OperatorHandle* t_cause_op = nullptr;  // when set, the cause (over t_cause)
 }  // namespace
 
 CommLog& CommLog::instance() {
@@ -67,8 +68,22 @@ void CommLog::clear() {
   records_.clear();
 }
 
-CommCause::CommCause(std::string op) : previous_(std::move(t_cause)) { t_cause = std::move(op); }
-CommCause::~CommCause() { t_cause = std::move(previous_); }
-const std::string& CommCause::current() { return t_cause; }
+CommCause::CommCause(std::string op)
+    : previous_(std::move(t_cause)), previous_op_(t_cause_op), by_op_(false) {
+  t_cause = std::move(op);
+  t_cause_op = nullptr;
+}
+CommCause::CommCause(const c10::OperatorHandle& op) : previous_op_(t_cause_op), by_op_(true) {
+  t_cause_op = &op;
+}
+CommCause::~CommCause() {
+  t_cause_op = previous_op_;
+  if (!by_op_) t_cause = std::move(previous_);
+}
+std::string CommCause::current() {
+  if (t_cause_op == nullptr) return t_cause;
+  const auto& n = t_cause_op->schema().operator_name();
+  return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
+}
 
 }  // namespace dtrain::tensor

@@ -3,6 +3,8 @@
 // starts a new step. Thread-safe.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -51,13 +53,17 @@ class CommLog {
 class CommCause {
  public:
   explicit CommCause(std::string op);
+  // An aten op: its name is formed only when it communicates (the handler sets this for every op).
+  explicit CommCause(const c10::OperatorHandle& op);
   ~CommCause();
   CommCause(const CommCause&) = delete;
   CommCause& operator=(const CommCause&) = delete;
-  static const std::string& current();  // "redistribute" when none is set
+  static std::string current();  // "redistribute" when none is set
 
  private:
   std::string previous_;
+  const c10::OperatorHandle* previous_op_;
+  bool by_op_;
 };
 
 }  // namespace dtrain::tensor

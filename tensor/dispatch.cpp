@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -131,31 +132,45 @@ std::vector<std::vector<int64_t>> infer_output_shapes(const c10::OperatorHandle&
   return shapes;
 }
 
-// Runs `op` by its sharding rule: prices every combination of per-axis options by the redistribution its
-// inputs need, redistributes, runs on the blocks, and wraps the outputs. False when no combination applies
-// (or the output shapes are unknown).
+// The op's rule (or nullptr), looked up by name once per op.
+const RuleSpec* rule_of(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const void*, const RuleSpec*> rules;
+  auto it = rules.find(&op.schema());
+  if (it != rules.end()) return it->second;
+  return rules[&op.schema()] = find_rule(op_name(op), op.hasTag(at::Tag::pointwise));
+}
+
+// A rule's decision for one call: the hooks, the outputs' global shapes, which returned tensors each output
+// placement covers (a Tensor[] return has many: [first_of[r], first_of[r + 1])), and the chosen placements.
+struct RulePlan {
+  RuleResult res;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<size_t> first_of;
+  Choice best;
+};
+
+// Prices every combination of per-axis options by the redistribution its inputs need and keeps the cheapest
+// valid one; nullopt when none applies (or the output shapes are unknown).
 // `in_place`: the op writes its first argument (a DTensor, dts[0]), which keeps its placements; only options
-// whose output and first input equal them qualify, and the first argument itself is returned.
-bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const RuleSpec& spec,
-                   const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh, bool in_place,
-                   std::optional<std::pair<size_t, at::Tensor>> out_arg = std::nullopt) {
+// whose output and first input equal them qualify.
+std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                                  const RuleSpec& spec, const std::vector<std::pair<size_t, at::Tensor>>& dts,
+                                  const MeshPtr& mesh, bool in_place) {
   const auto& schema = op.schema();
-  const size_t n_args = schema.arguments().size();
   const size_t n_ret = schema.returns().size();
-  const size_t base = stack->size() - n_args;
   RuleCall call;
   call.mesh_shape = mesh->shape();
   for (auto& [i, t] : dts) call.input_shapes.push_back(t.sizes().vec());
-  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   call.args = &args;
   if (!spec.gives_shapes) call.output_shapes = infer_output_shapes(op, args, call.input_shapes);
-  if (!spec.gives_shapes && call.output_shapes.empty()) return false;
-  RuleResult res = spec.rule(call);
-  const auto& shapes = spec.gives_shapes ? res.output_shapes : call.output_shapes;
-  if (res.options.empty()) return false;
+  if (!spec.gives_shapes && call.output_shapes.empty()) return std::nullopt;
+  RulePlan plan{spec.rule(call), {}, {0}, {}};
+  const RuleResult& res = plan.res;
+  plan.shapes = spec.gives_shapes ? res.output_shapes : call.output_shapes;
+  const auto& shapes = plan.shapes;
+  if (res.options.empty()) return std::nullopt;
   const size_t n_out = res.options[0].outputs.size();
-  // Output placement r covers the returned tensors [first_of[r], first_of[r + 1]) (a Tensor[] has many).
-  std::vector<size_t> first_of{0};
+  auto& first_of = plan.first_of;
   for (size_t r = 0; r < n_ret; ++r) {
     size_t count = 1;
     if (schema.returns()[r].type()->kind() == c10::TypeKind::ListType) count = shapes.size() - (n_ret - 1);
@@ -201,7 +216,114 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
     while (a >= 0 && ++pick[a] == res.options.size()) pick[a--] = 0;
     if (a < 0) break;
   }
-  if (!best) return false;
+  if (!best) return std::nullopt;
+  plan.best = std::move(*best);
+  return plan;
+}
+
+// The strategy cache's key for a call: the op, the mesh's shape, and every argument that a rule may read
+// (DTensors by dtype, shape and placements; plain scalars by dtype; ints, floats, bools, strings and lists by
+// value). Empty when an argument cannot be keyed (the call is then planned afresh).
+std::string strategy_key(const c10::OperatorHandle& op, const torch::jit::Stack& args, const MeshPtr& mesh,
+                         bool in_place, int out_index) {
+  std::string k;
+  k.reserve(128);
+  auto raw = [&k](const auto& x) { k.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+  raw(&op.schema());
+  for (int64_t d : mesh->shape()) raw(d);
+  k += in_place ? 'I' : 'F';
+  raw(out_index);
+  auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      k += 'U';
+      return;
+    }
+    k += is_dtensor(t) ? 'D' : 'T';
+    raw(static_cast<int8_t>(t.scalar_type()));
+    raw(static_cast<int8_t>(t.dim()));
+    if (!is_dtensor(t)) return;
+    for (int64_t d : t.sizes()) raw(d);
+    for (const Placement& p : meta_of(t).placements) {
+      raw(static_cast<int8_t>(p.kind));
+      raw(static_cast<int8_t>(p.dim));
+      raw(static_cast<int8_t>(p.op));
+    }
+  };
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isInt()) {
+      k += 'i';
+      raw(v.toInt());
+    } else if (v.isDouble()) {
+      k += 'd';
+      raw(v.toDouble());
+    } else if (v.isBool()) {
+      k += v.toBool() ? 'y' : 'n';
+    } else if (v.isNone()) {
+      k += '0';
+    } else if (v.isIntList()) {
+      k += 'l';
+      for (int64_t x : v.toIntList()) raw(x);
+      k += ';';
+    } else if (v.isTensorList()) {
+      k += 'L';
+      for (const at::Tensor& t : v.toTensorList()) tensor(t);
+      k += ';';
+    } else if (v.isOptionalTensorList()) {
+      k += 'O';
+      for (std::optional<at::Tensor> t : v.toOptionalTensorList()) tensor(t ? *t : at::Tensor());
+      k += ';';
+    } else if (v.isString()) {
+      k += 's';
+      k += v.toStringRef();
+      k += '\0';
+    } else if (v.isGenerator() || v.isDevice()) {
+      k += 'g';  // not read by any rule
+    } else {
+      return {};
+    }
+  }
+  return k;
+}
+
+// Plans per (op, arguments' specs) once: later calls with the same key reuse the decision. Per thread (the
+// backward pass may run on autograd's threads); bounded.
+const std::optional<RulePlan>& cached_plan(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                                           const RuleSpec& spec,
+                                           const std::vector<std::pair<size_t, at::Tensor>>& dts,
+                                           const MeshPtr& mesh, bool in_place, int out_index) {
+  thread_local std::unordered_map<std::string, std::optional<RulePlan>> cache;
+  thread_local std::optional<RulePlan> uncached;
+  std::string key = strategy_key(op, args, mesh, in_place, out_index);
+  if (key.empty()) {
+    uncached = plan_rule(op, args, spec, dts, mesh, in_place);
+    return uncached;
+  }
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= 4096) cache.clear();
+  return cache.emplace(std::move(key), plan_rule(op, args, spec, dts, mesh, in_place)).first->second;
+}
+
+// Runs `op` by its sharding rule (planned by cached_plan): redistributes the inputs, runs on the blocks, and
+// wraps the outputs. False when the rule does not apply.
+bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const RuleSpec& spec,
+                   const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh, bool in_place,
+                   std::optional<std::pair<size_t, at::Tensor>> out_arg = std::nullopt) {
+  const auto& schema = op.schema();
+  const size_t n_args = schema.arguments().size();
+  const size_t n_ret = schema.returns().size();
+  const size_t base = stack->size() - n_args;
+  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  const int out_index = out_arg ? static_cast<int>(out_arg->first - base) : -1;
+  const std::optional<RulePlan>& plan = cached_plan(op, args, spec, dts, mesh, in_place, out_index);
+  if (!plan) return false;
+  const RuleResult& res = plan->res;
+  const auto& shapes = plan->shapes;
+  const auto& first_of = plan->first_of;
+  const Choice* best = &plan->best;
+  const size_t n_out = first_of.size() - 1;
 
   // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order).
   size_t k = 0;
@@ -264,7 +386,7 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
 }
 
 void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  CommCause cause(op_name(op));  // the collectives this op needs are logged under its name
+  CommCause cause(op);  // the collectives this op needs are logged under its name
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
@@ -329,10 +451,10 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   bool in_place_self = n_written == 1 && dts[0].first == base && schema.returns().size() == 1 &&
                        schema.arguments()[0].alias_info() != nullptr &&
                        schema.arguments()[0].alias_info()->isWrite();
-  if ((!writes || in_place_self) && !all_rep && plain_only_scalars) {
-    if (const RuleSpec* rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise))) {
-      if (run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
-    }
+  if ((!writes || in_place_self) && plain_only_scalars) {
+    const RuleSpec* rule = rule_of(op);
+    if (rule && (!all_rep || rule->always) && run_with_rule(op, stack, *rule, dts, mesh, in_place_self))
+      return;
   }
   // out= ops (one written keyword argument `out`, a DTensor, returned): by the rule of the op's functional
   // form, the out DTensor taking the result.
@@ -342,7 +464,7 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       if (!(arg.kwarg_only() && arg.name() == "out" && arg.alias_info() != nullptr)) continue;
       auto inputs = dts;
       inputs.erase(inputs.begin() + static_cast<std::ptrdiff_t>(k));
-      const RuleSpec* rule = inputs.empty() ? nullptr : find_rule(op_name(op), op.hasTag(at::Tag::pointwise));
+      const RuleSpec* rule = inputs.empty() ? nullptr : rule_of(op);
       if (rule && run_with_rule(op, stack, *rule, inputs, mesh, false, dts[k])) return;
     }
   }

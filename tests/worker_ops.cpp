@@ -110,6 +110,7 @@ std::vector<OpCase> cases() {
        [](V x) {
          return x[0].view({2, 3, 5});
        }},
+      {"view after contiguous", {data({7, 5}, 0)}, [](V x) { return x[0].t().contiguous().view({35}); }},
       {"reshape",
        {data({7, 6}, 0)},
        [](V x) {
