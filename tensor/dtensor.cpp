@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
@@ -19,9 +22,27 @@ struct DTensorImpl : c10::TensorImpl {
   DTensorImpl(const at::Tensor& local, const std::vector<int64_t>& global_shape)
       : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()) {
     set_storage_access_should_throw();
-    std::vector<int64_t> strides(global_shape.size(), 1);
-    for (int i = static_cast<int>(global_shape.size()) - 2; i >= 0; --i) {
-      strides[i] = strides[i + 1] * std::max<int64_t>(global_shape[i + 1], 1);
+    // Strides: dense for the global shape, with the dims in the order of the block's strides (outermost
+    // first). A block laid out contiguously gives contiguous strides; a transposed block (a weight's gradient
+    // from t()) gives transposed ones, so that libtorch sees the layout it would see on plain tensors (e.g.
+    // autograd then stores gradients in the parameter's layout, and contiguous() copies).
+    const size_t n = global_shape.size();
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    if (static_cast<size_t>(local.dim()) == n) {
+      auto ls = local.strides();
+      auto lz = local.sizes();
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        // size-1 dims carry no layout: they keep their place
+        if (lz[a] <= 1 || lz[b] <= 1) return false;
+        return ls[a] > ls[b];
+      });
+    }
+    std::vector<int64_t> strides(n, 1);
+    int64_t step = 1;
+    for (size_t k = n; k-- > 0;) {
+      strides[order[k]] = step;
+      step *= std::max<int64_t>(global_shape[order[k]], 1);
     }
     set_sizes_and_strides(global_shape, strides);
   }

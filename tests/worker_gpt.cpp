@@ -82,6 +82,12 @@ void check_layout(const comm::BackendPtr& world, const Layout& layout, const mod
   for (const auto& p : pr) {
     const at::Tensor& d = pd[p.key()];
     check_close(str_cat(what, " grad ", p.key()), full_tensor(d.grad()), p.value().grad(), 2e-6);
+    // autograd stores each gradient in its parameter's layout, as on plain tensors (the optimizer's
+    // elementwise ops are slow on a transposed gradient)
+    ++g_checks;
+    if (!to_local(d.grad()).is_contiguous()) {
+      g_failures += str_cat("FAIL ", what, " grad ", p.key(), ": the block is not contiguous\n");
+    }
     check_close(str_cat(what, " after AdamW ", p.key()), full_tensor(d.detach()), p.value().detach(), 2e-6);
   }
   ++g_checks;
