@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -212,6 +213,38 @@ TEST(Explain, PrintsThePlanFor2x2Mesh) {
         " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
   EXPECT_NE(read_file(out).find("placement \"Q\" is not one of"), std::string::npos) << read_file(out);
+  fs::remove_all(dir);
+}
+
+// `dtrain train` (the main job) on 1 and 2 ranks: the first step's loss is the same (same weights, same
+// batch, split over the ranks), the loss falls, and the run reports its validation loss and communication.
+TEST(Train, GPTOnTextAtOneAndTwoRanks) {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  std::map<int, std::string> logs;
+  for (int n : {1, 2}) {
+    std::string out = (dir / ("train" + std::to_string(n) + ".txt")).string();
+    std::string cmd =
+        std::string(DTRAIN_BINARY) + " run -n " + std::to_string(n) + " -- " + DTRAIN_BINARY +
+        " train --steps 30 --log-every 30 --layers 1 --width 32 --heads 2 --seq 32 --batch 6 > " + out +
+        " 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+    logs[n] = read_file(out);
+  }
+  auto loss_at = [](const std::string& log, const std::string& step) {
+    auto at = log.find("step " + step + "  loss ");
+    return at == std::string::npos ? std::string() : log.substr(at + step.size() + 12, 6);
+  };
+  std::string first = loss_at(logs[1], "    1");
+  ASSERT_FALSE(first.empty()) << logs[1];
+  EXPECT_EQ(loss_at(logs[2], "    1"), first) << logs[2];
+  for (auto& [n, log] : logs) {
+    std::string last = loss_at(log, "   30");
+    ASSERT_FALSE(last.empty()) << log;
+    EXPECT_LT(std::stod(last), std::stod(first) - 1.0) << log;  // from ln(256) = 5.5 towards byte statistics
+    EXPECT_NE(log.find("validation loss"), std::string::npos) << log;
+  }
+  EXPECT_NE(logs[2].find("all_reduce"), std::string::npos) << logs[2];
   fs::remove_all(dir);
 }
 

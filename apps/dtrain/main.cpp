@@ -1,5 +1,5 @@
-// The dtrain command-line tool: `dtrain run` (launcher), `dtrain bench comm` (collective benchmark) and
-// `dtrain explain` (DTensor redistribution plans).
+// The dtrain command-line tool: `dtrain run` (launcher), `dtrain bench comm` (collective benchmark),
+// `dtrain explain` (DTensor redistribution plans) and `dtrain train` (GPT on text).
 // Argument parsing and exit codes only; the work is done by the libraries. Exit codes: 0 success, 1 failure
 // at run time, 2 bad usage or input; `dtrain run` passes on its ranks' outcome (see launch/launcher.h).
 #include <CLI/CLI.hpp>
@@ -10,6 +10,7 @@
 #include "apps/dtrain/cmd_bench.h"
 #include "apps/dtrain/cmd_explain.h"
 #include "apps/dtrain/cmd_run.h"
+#include "apps/dtrain/cmd_train.h"
 #include "core/error.h"
 #include "launch/launcher.h"
 
@@ -22,11 +23,14 @@ int main(int argc, char** argv) {
   CLI::App* bench_comm = dtrain::apps::add_bench_command(app, bench_opts);
   dtrain::apps::ExplainOptions explain_opts;
   CLI::App* explain = dtrain::apps::add_explain_command(app, explain_opts);
+  dtrain::train::TrainOptions train_opts;
+  CLI::App* train = dtrain::apps::add_train_command(app, train_opts);
   try {
     app.parse(argc, argv);
     if (run->parsed()) return dtrain::launch::run(run_opts);
     if (bench_comm->parsed()) return dtrain::apps::run_bench_comm(bench_opts);
     if (explain->parsed()) return dtrain::apps::run_explain(explain_opts);
+    if (train->parsed()) return dtrain::train::train_gpt(train_opts);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const dtrain::ValueError& e) {

@@ -1,0 +1,26 @@
+// Command-line options of `dtrain train`; see cmd_train.h.
+#include "apps/dtrain/cmd_train.h"
+
+namespace dtrain::apps {
+
+CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
+  CLI::App* c = app.add_subcommand(
+      "train", "Train a GPT on text (one token per byte) through DTensor; run it inside `dtrain run`");
+  c->add_option("--data", o.data, "A text file or a folder of text files")->capture_default_str();
+  c->add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
+  c->add_option("--batch", o.batch, "Global batch (sequences), split over the data-parallel ranks")
+      ->capture_default_str();
+  c->add_option("--seq", o.model.block_size, "Sequence length")->capture_default_str();
+  c->add_option("--layers", o.model.n_layer, "Transformer blocks")->capture_default_str();
+  c->add_option("--heads", o.model.n_head, "Attention heads")->capture_default_str();
+  c->add_option("--width", o.model.n_embd, "Model width (a multiple of --heads)")->capture_default_str();
+  c->add_option("--tp", o.tp, "Tensor-parallel ranks (Megatron layout); the others are data parallel")
+      ->capture_default_str();
+  c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  c->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  c->add_option("--log-every", o.log_every, "Log the loss every this many steps")->capture_default_str();
+  c->add_option("--seed", o.seed, "Seed of the weights and of the batches")->capture_default_str();
+  return c;
+}
+
+}  // namespace dtrain::apps

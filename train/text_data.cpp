@@ -1,0 +1,67 @@
+// Text corpus and batches; see text_data.h.
+#include "train/text_data.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "core/error.h"
+
+namespace dtrain::train {
+
+namespace fs = std::filesystem;
+
+TextCorpus load_text(const std::string& path, double val_fraction) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw ValueError(
+        str_cat("data: '", path, "' does not exist. Pass a text file or a folder of text files (",
+                "the default, /usr/share/games/fortunes, comes with the Debian package fortunes)."));
+  }
+  std::vector<fs::path> files;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path)) {
+      auto ext = e.path().extension().string();
+      if (e.is_regular_file() && ext != ".dat" && ext != ".u8") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  std::vector<uint8_t> bytes;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    bytes.insert(bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (bytes.size() < 4096) {
+    throw ValueError(str_cat("data: '", path, "' holds ", bytes.size(),
+                             " bytes of text; at least 4096 are needed. Point --data at more text."));
+  }
+  at::Tensor all = at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte).to(at::kLong);
+  const int64_t n_val = std::max<int64_t>(1024, static_cast<int64_t>(val_fraction * all.numel()));
+  TextCorpus c;
+  c.source =
+      str_cat(path, " (", files.size(), " file", files.size() == 1 ? "" : "s", ", ", bytes.size(), " bytes)");
+  c.train = all.narrow(0, 0, all.numel() - n_val).clone();
+  c.val = all.narrow(0, all.numel() - n_val, n_val).clone();
+  return c;
+}
+
+at::Tensor sample_windows(const at::Tensor& tokens, int64_t batch, int64_t seq, uint64_t seed, int64_t step) {
+  const int64_t span = tokens.numel() - (seq + 1);
+  if (span <= 0) {
+    throw ValueError(str_cat("data: ", tokens.numel(), " tokens are fewer than one window of ", seq + 1,
+                             ". Lower --seq or use more text."));
+  }
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003 + static_cast<uint64_t>(step));
+  at::Tensor starts = at::randint(span, {batch, 1}, gen, at::kLong);
+  at::Tensor idx = (starts + at::arange(seq + 1, at::kLong)).reshape({-1});
+  return at::index_select(tokens, 0, idx).view({batch, seq + 1});
+}
+
+}  // namespace dtrain::train

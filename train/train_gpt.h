@@ -1,0 +1,29 @@
+// A first training run: models::GPT on text (one token per byte), data parallel and/or Megatron tensor
+// parallel through DTensor, AdamW, loss logged on rank 0. What `scripts/main.sh` runs (`dtrain train`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/gpt.h"
+
+namespace dtrain::train {
+
+struct TrainOptions {
+  std::string data = "/usr/share/games/fortunes";
+  models::GPTConfig model{256, 64, 4, 4, 128};  // vocab (bytes), seq, layers, heads, width
+  int64_t batch = 16;                           // global: split over the data-parallel ranks
+  int64_t steps = 300;
+  int64_t tp = 1;  // tensor-parallel ranks (Megatron layout); the rest of the world is data parallel
+  double lr = 1e-3;
+  double weight_decay = 0.1;
+  int64_t log_every = 20;
+  int64_t eval_batches = 4;  // validation batches at the end
+  uint64_t seed = 1234;
+};
+
+// Runs the training in this process as one rank of the world (dtrain::init()). Returns 0; throws ValueError
+// for bad options (world not divisible by tp, ...).
+int train_gpt(const TrainOptions& opts);
+
+}  // namespace dtrain::train
