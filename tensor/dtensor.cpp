@@ -155,6 +155,20 @@ at::Tensor detail::redistributed_local(const at::Tensor& t, const Placements& pl
   return local;
 }
 
+LocalChunk DTensorSpec::local_chunk() const {
+  return tensor::local_chunk(shape, mesh->shape(), placements, mesh->coordinate());
+}
+
+std::string DTensorSpec::to_string() const {
+  return str_cat("DTensorSpec(shape=", c10::IntArrayRef(shape), ", ", dtype, ", ",
+                 tensor::to_string(placements), " on ", mesh->to_string(), ")");
+}
+
+DTensorSpec spec_of(const at::Tensor& t) {
+  const auto& m = meta(t, "spec_of");
+  return DTensorSpec{m.mesh, m.placements, t.sizes().vec(), t.scalar_type()};
+}
+
 at::Tensor full_tensor(const at::Tensor& t) {
   const auto& m = meta(t, "full_tensor");
   return to_local(

@@ -13,17 +13,35 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mesh/device_mesh.h"
 #include "tensor/placement.h"
 #include "tensor/redistribute_plan.h"
+#include "tensor/shard_math.h"
 
 namespace dtrain::tensor {
 
 using MeshPtr = std::shared_ptr<const mesh::DeviceMesh>;
 
 bool is_dtensor(const at::Tensor& t);
+
+// What a DTensor is apart from its values: the mesh, one placement per mesh axis, the global shape and the
+// dtype.
+struct DTensorSpec {
+  MeshPtr mesh;
+  Placements placements;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  // This rank's block of the global tensor: its shape and offset (Partial and Replicate axes do not split).
+  LocalChunk local_chunk() const;
+  // "DTensorSpec(shape=(7, 5), Float, (S(0), R) on DeviceMesh(...))"
+  std::string to_string() const;
+};
+
+// The spec of a DTensor (ValueError for a plain tensor).
+DTensorSpec spec_of(const at::Tensor& dtensor);
 
 // Wraps this rank's block. Without `global_shape` the shape is found from the blocks of all ranks (one small
 // all_gather per sharding axis), so uneven shards are exact. Collective when global_shape is not given.

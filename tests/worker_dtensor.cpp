@@ -106,6 +106,12 @@ void suite_dtensor(const comm::BackendPtr& world) {
     check_equal(str_cat("to_local ", p.to_string()), to_local(dt),
                 local_block(g, mesh->shape(), {p}, mesh->coordinate()));
     check_equal(str_cat("full_tensor ", p.to_string()), full_tensor(dt), g);
+    DTensorSpec spec = spec_of(dt);
+    ++g_checks;
+    if (spec.shape != g.sizes().vec() || spec.placements != Placements{p} || spec.dtype != at::kDouble ||
+        spec.local_chunk().shape != to_local(dt).sizes().vec()) {
+      g_failures += str_cat("FAIL spec_of ", spec.to_string(), "\n");
+    }
     at::Tensor again = from_local(to_local(dt).clone(), mesh, {p});  // global shape found from the blocks
     ++g_checks;
     if (again.sizes() != g.sizes()) g_failures += str_cat("FAIL from_local shape ", again.sizes(), "\n");
