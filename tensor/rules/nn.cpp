@@ -5,9 +5,17 @@
 //                                (out, mean, rstd) S(d)
 //   native_layer_norm_backward   all R -> R; grad, x, mean, rstd S(d), w and b R -> (S(d), P(sum), P(sum));
 //     (grad, x, mean, rstd, w, b)  grad P, the rest R -> P (the backward is linear in grad)
-//   embedding(weight, ids)       (R, R) -> R; (R, S(d)) -> S(d); (S(1), R) -> S(last); (P, R) -> P
+//   embedding(weight, ids)       (R, R) -> R; (R, S(d)) -> S(d); (S(1), R) -> S(last); (P, R) -> P;
+//                                (S(0), R) -> P(sum): vocab parallel, each rank's rows by a masked lookup
 //   embedding_dense_backward     (R, R) -> R; (S(d), S(d)) -> P(sum) for an ids dim d; (S(last), R) -> S(1);
-//     (grad, ids)                (P, R) -> P. With scale_grad_by_freq the counts are global: R only
+//     (grad, ids)                (P, R) -> P. With scale_grad_by_freq the counts are global: R only. (A
+//                                vocab-sharded weight gets a Replicate gradient; its optimizer step slices
+//                                it.)
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "tensor/shard_math.h"
 #include "tensor/sharding_rules.h"
 
 namespace dtrain::tensor::rules {
@@ -57,11 +65,32 @@ RuleResult layer_norm_backward_rule(const RuleCall& c) {
   return r;
 }
 
+// This rank's rows of a vocab-sharded (Shard(0)) weight: [offset, offset + size); 0 rows when dim 0 is whole.
+std::pair<int64_t, int64_t> vocab_rows(const std::vector<int64_t>& weight,
+                                       const std::vector<int64_t>& mesh_shape, const Placements& p,
+                                       const std::vector<int64_t>& coordinate) {
+  auto chunk = local_chunk(weight, mesh_shape, p, coordinate);
+  return {chunk.offset[0], chunk.shape[0]};
+}
+
+bool vocab_sharded(const Placements& p) {
+  return std::any_of(p.begin(), p.end(), [](const Placement& x) { return x.is_shard(0); });
+}
+
+// The ids outside this rank's vocab rows, and the ids shifted into them (0 where outside).
+std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, int64_t offset, int64_t size) {
+  at::Tensor outside = (ids < offset).logical_or_(ids >= offset + size);
+  return {outside, (ids - offset).masked_fill_(outside, 0)};
+}
+
 // embedding(weight [V, D], indices, padding_idx, scale_grad_by_freq, sparse) -> [*indices, D]
+// A vocab-sharded weight (S(0), ids R) gives a Partial(sum) output: each rank looks up the ids in its rows
+// and zeroes the others (a masked lookup).
 RuleResult embedding_rule(const RuleCall& c) {
   const auto& w = c.input_shapes[0];
   const auto& ids = c.input_shapes[1];
   std::vector<AxisStrategy> s{{{Replicate(), Replicate()}, Replicate()},
+                              {{Shard(0), Replicate()}, Partial()},
                               {{Shard(1), Replicate()}, Shard(static_cast<int>(ids.size()))}};
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.push_back({{Partial(op), Replicate()}, Partial(op)});
   for (size_t d = 0; d < ids.size(); ++d) {
@@ -71,6 +100,23 @@ RuleResult embedding_rule(const RuleCall& c) {
   std::vector<int64_t> out = ids;
   out.push_back(w[1]);
   r.output_shapes = {out};
+  r.run = [w](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice& ch,
+              const MeshPtr& mesh) {
+    if (!vocab_sharded(ch.inputs[0])) return op.callBoxed(&stack);
+    auto [offset, size] = vocab_rows(w, mesh->shape(), ch.inputs[0], mesh->coordinate());
+    auto [outside, shifted] = local_ids(stack[1].toTensor(), offset, size);
+    at::Tensor weight = stack[0].toTensor();
+    at::Tensor y;
+    if (size == 0) {  // no rows here (more ranks than vocabulary rows): every id is outside
+      auto shape = shifted.sizes().vec();
+      shape.push_back(weight.size(1));
+      y = at::zeros(shape, weight.options());
+    } else {
+      y = at::embedding(weight, shifted).masked_fill_(outside.unsqueeze(-1), 0);
+    }
+    stack.clear();
+    stack.emplace_back(y);
+  };
   return r;
 }
 
