@@ -5,6 +5,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 
 #include "core/error.h"
@@ -48,12 +49,20 @@ struct DTensorImpl : c10::TensorImpl {
   }
 };
 
+// The planner's cache for meshes of `axes` axes, with the cost model of the profile named by
+// DTRAIN_COMM_PROFILE (written by `dtrain bench comm --profile FILE` on this machine), or the built-in
+// defaults while none is named. One cache per (axes, profile), so a changed variable takes effect.
 PlanCache& plan_cache(int axes) {
   static std::mutex mu;
-  static std::map<int, std::unique_ptr<PlanCache>> caches;
+  static std::map<std::pair<int, std::string>, std::unique_ptr<PlanCache>> caches;
+  const char* env = std::getenv("DTRAIN_COMM_PROFILE");
+  std::string profile = env != nullptr ? env : "";
   std::lock_guard<std::mutex> lock(mu);
-  auto& c = caches[axes];
-  if (!c) c = std::make_unique<PlanCache>(CostModel::defaults(axes));
+  auto& c = caches[{axes, profile}];
+  if (!c) {
+    c = std::make_unique<PlanCache>(profile.empty() ? CostModel::defaults(axes)
+                                                    : CostModel::from_profile(read_profile(profile), axes));
+  }
   return *c;
 }
 

@@ -3,12 +3,14 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <string>
 
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "tensor/comm_log.h"
+#include "tensor/cost_model.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
@@ -120,6 +122,31 @@ void suite_dtensor(const comm::BackendPtr& world) {
   at::Tensor b = distribute_tensor(h, mesh, {Shard(0)});
   check_equal("redistribute S(0)->S(1)", to_local(redistribute(a, {Shard(1)})),
               local_block(g, mesh->shape(), {Shard(1)}, mesh->coordinate()));
+  // The planner's cost model comes from DTRAIN_COMM_PROFILE when it names a profile: here one whose
+  // all_gather takes a second per call.
+  if (ws > 1) {
+    std::string path = str_cat("/tmp/dtrain_profile_", getpid(), ".json");
+    CommProfile slow{"gloo", ws, {{"all_gather", AlphaBeta{1.0, 1e-9}}}};
+    write_profile(path, slow);
+    double by_default = redistribute_plan(a, {Replicate()}).seconds;
+    setenv("DTRAIN_COMM_PROFILE", path.c_str(), 1);
+    double by_profile = redistribute_plan(a, {Replicate()}).seconds;
+    setenv("DTRAIN_COMM_PROFILE", "/nonexistent/profile.json", 1);
+    std::string error;
+    try {
+      redistribute_plan(a, {Replicate()});
+    } catch (const ValueError& e) {
+      error = e.what();
+    }
+    unsetenv("DTRAIN_COMM_PROFILE");
+    std::remove(path.c_str());
+    ++g_checks;
+    if (!(by_default < 0.5 && by_profile >= 1.0) ||
+        error.find("/nonexistent/profile.json") == std::string::npos) {
+      g_failures += str_cat("FAIL DTRAIN_COMM_PROFILE: plan seconds ", by_default, " by default, ",
+                            by_profile, " with the profile; bad path error: ", error, "\n");
+    }
+  }
   // Pointwise ops keep the shard layout (the gather fallback would return Replicate).
   at::Tensor c = a * b + a;
   ++g_checks;
