@@ -12,8 +12,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "launch/launcher.h"

@@ -89,10 +89,10 @@ TEST(ShardMath, PlacementValidation) {
 
 // parse_placements reads what to_string writes, the long names, and reports a bad part with its text.
 TEST(ShardMath, ParsePlacements) {
-  for (const Placements& p : all_placements({Shard(0), Shard(2), Replicate(), Partial(ReduceOp::kSum),
-                                             Partial(ReduceOp::kAvg), Partial(ReduceOp::kMax),
-                                             Partial(ReduceOp::kMin)},
-                                            2)) {
+  for (const Placements& p :
+       all_placements({Shard(0), Shard(2), Replicate(), Partial(ReduceOp::kSum), Partial(ReduceOp::kAvg),
+                       Partial(ReduceOp::kMax), Partial(ReduceOp::kMin)},
+                      2)) {
     EXPECT_EQ(parse_placements(to_string(p)), p) << to_string(p);
   }
   EXPECT_EQ(parse_placements("Shard(1), Replicate(), Partial(avg)"),
