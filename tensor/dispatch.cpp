@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -287,23 +288,26 @@ std::string strategy_key(const c10::OperatorHandle& op, const torch::jit::Stack&
   return k;
 }
 
-// Plans per (op, arguments' specs) once: later calls with the same key reuse the decision. Per thread (the
-// backward pass may run on autograd's threads); bounded.
-const std::optional<RulePlan>& cached_plan(const c10::OperatorHandle& op, const torch::jit::Stack& args,
-                                           const RuleSpec& spec,
-                                           const std::vector<std::pair<size_t, at::Tensor>>& dts,
-                                           const MeshPtr& mesh, bool in_place, int out_index) {
-  thread_local std::unordered_map<std::string, std::optional<RulePlan>> cache;
-  thread_local std::optional<RulePlan> uncached;
+// Plans per (op, arguments' specs) once: later calls with the same key reuse the decision (nullptr: the rule
+// does not apply). Per thread (the backward pass may run on autograd's threads); bounded. Shared pointers, so
+// a plan in use survives the cache being cleared by a nested call.
+std::shared_ptr<const RulePlan> cached_plan(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                                            const RuleSpec& spec,
+                                            const std::vector<std::pair<size_t, at::Tensor>>& dts,
+                                            const MeshPtr& mesh, bool in_place, int out_index) {
+  thread_local std::unordered_map<std::string, std::shared_ptr<const RulePlan>> cache;
+  auto plan = [&]() -> std::shared_ptr<const RulePlan> {
+    std::optional<RulePlan> p = plan_rule(op, args, spec, dts, mesh, in_place);
+    return p ? std::make_shared<const RulePlan>(std::move(*p)) : nullptr;
+  };
   std::string key = strategy_key(op, args, mesh, in_place, out_index);
-  if (key.empty()) {
-    uncached = plan_rule(op, args, spec, dts, mesh, in_place);
-    return uncached;
-  }
+  if (key.empty()) return plan();
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  auto made = plan();
   if (cache.size() >= 4096) cache.clear();
-  return cache.emplace(std::move(key), plan_rule(op, args, spec, dts, mesh, in_place)).first->second;
+  cache.emplace(std::move(key), made);
+  return made;
 }
 
 // Runs `op` by its sharding rule (planned by cached_plan): redistributes the inputs, runs on the blocks, and
@@ -317,7 +321,7 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   const size_t base = stack->size() - n_args;
   torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   const int out_index = out_arg ? static_cast<int>(out_arg->first - base) : -1;
-  const std::optional<RulePlan>& plan = cached_plan(op, args, spec, dts, mesh, in_place, out_index);
+  const std::shared_ptr<const RulePlan> plan = cached_plan(op, args, spec, dts, mesh, in_place, out_index);
   if (!plan) return false;
   const RuleResult& res = plan->res;
   const auto& shapes = plan->shapes;
