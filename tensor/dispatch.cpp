@@ -4,11 +4,9 @@
 //
 //   inputs                                             what runs                       outputs
 //   all DTensors Replicate                             the op on the local blocks      Replicate
-//   an op with a sharding rule (sharding_rules.h),     the cheapest rule option after  the option's
-//     one output, other tensors 0-d; in place only     redistributing the inputs       placements (in place:
-//     pointwise ops writing their first argument                                       the argument's own)
-//   pointwise op, all DTensors with equal placements   the op on the local blocks      the same placements
-//     (no Partial) and sizes, other tensors 0-d
+//   an op with a sharding rule (sharding_rules.h);     the cheapest rule option after  the option's
+//     in place: ops writing their first argument;      redistributing the inputs       placements (in place:
+//     out=: the functional form's rule                                                 the argument's own)
 //   anything else (no sharding rule yet)               gather to Replicate, run, warn  Replicate
 //                                                      once per op (strict: error)
 // In-place and out= arguments get their original DTensor back; when the op ran on a gathered copy, the result
@@ -430,7 +428,6 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   }
 
   // Choose how to run it (see the table above).
-  const Placements& first = meta_of(dts[0].second).placements;
   const auto n_written = std::count_if(
       schema.arguments().begin(), schema.arguments().end(),
       [](const c10::Argument& a) { return a.alias_info() != nullptr && a.alias_info()->isWrite(); });
@@ -455,10 +452,9 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   bool in_place_self = n_written == 1 && dts[0].first == base && schema.returns().size() == 1 &&
                        schema.arguments()[0].alias_info() != nullptr &&
                        schema.arguments()[0].alias_info()->isWrite();
-  if ((!writes || in_place_self) && plain_only_scalars) {
+  if ((!writes || in_place_self) && plain_only_scalars && !all_rep) {
     const RuleSpec* rule = rule_of(op);
-    if (rule && (!all_rep || rule->always) && run_with_rule(op, stack, *rule, dts, mesh, in_place_self))
-      return;
+    if (rule && run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
   }
   // out= ops (one written keyword argument `out`, a DTensor, returned): by the rule of the op's functional
   // form, the out DTensor taking the result.
@@ -472,15 +468,10 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       if (rule && run_with_rule(op, stack, *rule, inputs, mesh, false, dts[k])) return;
     }
   }
-  const bool replicated = all_rep;
-  bool same_layout = std::all_of(dts.begin(), dts.end(), [&](auto& d) {
-    return meta_of(d.second).placements == first && d.second.sizes() == dts[0].second.sizes();
-  });
-  bool has_partial =
-      std::any_of(first.begin(), first.end(), [](const Placement& p) { return p.is_partial(); });
-  bool pointwise = op.hasTag(at::Tag::pointwise) && same_layout && !has_partial && plain_only_scalars;
-  bool gathered = !replicated && !pointwise;
-  Placements out_placements = pointwise && !replicated ? first : Placements(mesh->ndim(), Replicate());
+  // Left: ops without a rule for these placements (or writing several arguments). All Replicate: on the
+  // blocks; otherwise gathered to Replicate.
+  const bool gathered = !all_rep;
+  const Placements out_placements(mesh->ndim(), Replicate());
   if (gathered) {
     ++g_gathers;
     std::string why = "placements ";
@@ -533,9 +524,7 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       continue;
     }
     auto wrap = [&](const at::Tensor& local) {
-      std::vector<int64_t> global =
-          pointwise && !replicated ? dts[0].second.sizes().vec() : local.sizes().vec();
-      return detail::make_dtensor(local, mesh, out_placements, global);
+      return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec());
     };
     if (iv.isTensor()) {
       at::Tensor t = iv.toTensor();

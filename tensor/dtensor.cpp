@@ -23,11 +23,16 @@ struct DTensorImpl : c10::TensorImpl {
   DTensorImpl(const at::Tensor& local, const std::vector<int64_t>& global_shape)
       : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()) {
     set_storage_access_should_throw();
-    // Strides: dense for the global shape, with the dims in the order of the block's strides (outermost
-    // first). A block laid out contiguously gives contiguous strides; a transposed block (a weight's gradient
-    // from t()) gives transposed ones, so that libtorch sees the layout it would see on plain tensors (e.g.
-    // autograd then stores gradients in the parameter's layout, and contiguous() copies).
+    // Strides: the block's own where the block is the whole tensor (Replicate and Partial), so that libtorch
+    // sees exactly the layout it would see on a plain tensor (what contiguous() copies, which views are
+    // legal); otherwise dense for the global shape with the dims in the order of the block's strides, so a
+    // transposed block (a weight's gradient from t()) reports transposed strides and autograd stores
+    // gradients in the parameter's layout.
     const size_t n = global_shape.size();
+    if (local.sizes().vec() == global_shape) {
+      set_sizes_and_strides(global_shape, local.strides());
+      return;
+    }
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     if (static_cast<size_t>(local.dim()) == n) {

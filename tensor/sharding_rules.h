@@ -75,9 +75,6 @@ using Rule = std::function<RuleResult(const RuleCall&)>;
 struct RuleSpec {
   Rule rule;
   bool gives_shapes = false;  // the rule sets RuleResult::output_shapes itself: no meta kernel call
-  // Used even when every input is Replicate (the view ops: a DTensor reports contiguous strides, so its block
-  // may not be viewable where the DTensor is; the rule reshapes the block instead).
-  bool always = false;
 };
 
 using RuleTable = std::map<std::string, RuleSpec>;

@@ -111,6 +111,9 @@ std::vector<OpCase> cases() {
          return x[0].view({2, 3, 5});
        }},
       {"view after contiguous", {data({7, 5}, 0)}, [](V x) { return x[0].t().contiguous().view({35}); }},
+      {"view after narrow",
+       {data({7, 5}, 0)},
+       [](V x) { return x[0].narrow(1, 1, 3).contiguous().view({21}); }},
       {"reshape",
        {data({7, 6}, 0)},
        [](V x) {

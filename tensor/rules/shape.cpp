@@ -236,8 +236,7 @@ RuleResult triangle_rule(const RuleCall& c) {
 }  // namespace
 
 void add_shape(RuleTable& t) {
-  for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"})
-    t[op] = {view_rule, false, true};
+  for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"}) t[op] = {view_rule};
   t["aten::expand"] = {expand_rule};
   t["aten::t"] = {transpose_rule};
   t["aten::transpose.int"] = {transpose_rule};
