@@ -91,6 +91,13 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config(c) {
   }
 }
 
+MegatronSplit megatron_split(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has(".attn.q.") || has(".attn.k.") || has(".attn.v.") || has(".mlp.fc.")) return MegatronSplit::kRows;
+  if ((has(".attn.proj.") || has(".mlp.proj.")) && has("weight")) return MegatronSplit::kColumns;
+  return MegatronSplit::kWhole;
+}
+
 at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   const int64_t T = idx.size(1);
   if (T > config.block_size) {

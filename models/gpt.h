@@ -59,6 +59,13 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// How a parameter of the GPT (by its qualified name, "h0.attn.q.weight") splits under Megatron tensor
+// parallelism: q, k, v and the MLP's fc split their output features (column parallel: weight rows and bias),
+// the two output projections their input features (row parallel: weight columns; their bias stays whole);
+// everything else (embeddings, LayerNorms) stays whole.
+enum class MegatronSplit { kWhole, kRows, kColumns };
+MegatronSplit megatron_split(const std::string& param_name);
+
 struct GPTImpl : torch::nn::Module {
   explicit GPTImpl(const GPTConfig& c);
   // idx: [B, T] token ids (int64), T <= block_size. Returns logits [B, T, vocab_size].

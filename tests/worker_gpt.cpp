@@ -14,6 +14,7 @@
 #include "tensor/distribute_module.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
+#include "train/train_gpt.h"
 
 namespace dtrain::test {
 
@@ -21,29 +22,16 @@ namespace {
 
 using namespace dtrain::tensor;
 
-// Megatron layout on one mesh axis: q, k, v and the MLP's fc split their output features (column parallel,
-// weight and bias Shard(0)); the two output projections split their input features (row parallel, weight
-// Shard(1), bias Replicate), so their products come out Partial(sum) and become Replicate at the residual
-// add.
-Placement megatron(const std::string& name) {
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  bool column = has(".attn.q.") || has(".attn.k.") || has(".attn.v.") || has(".mlp.fc.");
-  bool row = has(".attn.proj.") || has(".mlp.proj.");
-  if (column) return Shard(0);
-  if (row && has("weight")) return Shard(1);
-  return Replicate();
-}
-
 struct Layout {
   std::string name;
   std::vector<int64_t> mesh_shape;
-  std::vector<std::string> axes;  // "dp": batch Shard(0), parameters Replicate; "tp": Megatron
+  std::vector<std::string>
+      axes;  // "dp": batch Shard(0), parameters Replicate; "tp": train::megatron_placement
 };
 
 void check_layout(const comm::BackendPtr& world, const Layout& layout, const models::GPTConfig& cfg,
                   int64_t batch) {
   auto mesh = std::make_shared<const mesh::DeviceMesh>(world, layout.mesh_shape, layout.axes);
-  const int nd = mesh->ndim();
   // Token data: the same on every rank (a deterministic function of the position).
   const int64_t T = cfg.block_size;
   at::Tensor tokens = (at::arange(batch * (T + 1), at::kLong) * 7 + 3) % cfg.vocab_size;
@@ -53,7 +41,7 @@ void check_layout(const comm::BackendPtr& world, const Layout& layout, const mod
   models::GPT ref(cfg), dist(cfg);  // same seed: same weights
   distribute_module(*dist, mesh, [&](const std::string& name, const at::Tensor&) {
     Placements p;
-    for (const auto& a : layout.axes) p.push_back(a == "tp" ? megatron(name) : Replicate());
+    for (const auto& a : layout.axes) p.push_back(a == "tp" ? train::megatron_placement(name) : Replicate());
     return p;
   });
   Placements data;
@@ -96,7 +84,6 @@ void check_layout(const comm::BackendPtr& world, const Layout& layout, const mod
     std::fprintf(stderr, "%s: loss %.6f, %ld ops gathered; communication of the step:\n%s", what.c_str(),
                  loss_ref.item<double>(), static_cast<long>(fell_back), summary.c_str());
   }
-  (void)nd;
 }
 
 }  // namespace

@@ -19,21 +19,19 @@
 
 namespace dtrain::train {
 
-namespace {
-
 using namespace dtrain::tensor;
 
-// Megatron on the "tp" axis: q, k, v and the MLP's fc split their output features, the two output projections
-// their input features; everything else (embeddings, LayerNorms, biases of the row-parallel layers)
-// replicated.
-Placement megatron(const std::string& name) {
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has(".attn.q.") || has(".attn.k.") || has(".attn.v.") || has(".mlp.fc.")) return Shard(0);
-  if ((has(".attn.proj.") || has(".mlp.proj.")) && has("weight")) return Shard(1);
+Placement megatron_placement(const std::string& name) {
+  switch (models::megatron_split(name)) {
+    case models::MegatronSplit::kRows:
+      return Shard(0);
+    case models::MegatronSplit::kColumns:
+      return Shard(1);
+    case models::MegatronSplit::kWhole:
+      break;
+  }
   return Replicate();
 }
-
-}  // namespace
 
 int train_gpt(const TrainOptions& o) {
   o.model.validate();
@@ -58,7 +56,7 @@ int train_gpt(const TrainOptions& o) {
   int64_t n_params = 0;
   for (const auto& p : gpt->parameters()) n_params += p.numel();
   distribute_module(*gpt, mesh, [](const std::string& name, const at::Tensor&) -> Placements {
-    return {Replicate(), megatron(name)};
+    return {Replicate(), megatron_placement(name)};
   });
   torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
   if (lead) {

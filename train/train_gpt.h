@@ -6,6 +6,7 @@
 #include <string>
 
 #include "models/gpt.h"
+#include "tensor/placement.h"
 
 namespace dtrain::train {
 
@@ -21,6 +22,9 @@ struct TrainOptions {
   int64_t eval_batches = 4;  // validation batches at the end
   uint64_t seed = 1234;
 };
+
+// The placement of a GPT parameter on the tensor-parallel mesh axis (models::megatron_split as a placement).
+tensor::Placement megatron_placement(const std::string& param_name);
 
 // Runs the training in this process as one rank of the world (dtrain::init()). Returns 0; throws ValueError
 // for bad options (world not divisible by tp, ...).
