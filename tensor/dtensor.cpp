@@ -29,7 +29,7 @@ struct DTensorImpl : c10::TensorImpl {
     // transposed block (a weight's gradient from t()) reports transposed strides and autograd stores
     // gradients in the parameter's layout.
     const size_t n = global_shape.size();
-    if (local.sizes().vec() == global_shape) {
+    if (local.sizes() == c10::IntArrayRef(global_shape)) {
       set_sizes_and_strides(global_shape, local.strides());
       return;
     }

@@ -83,21 +83,21 @@ RuleResult product_rule(const RuleCall& c, bool numerator_only) {
 
 RuleResult identity_rule(const RuleCall& c) { return identity_options(c.input_shapes[0].size()); }
 
-RuleResult like_rule(const RuleCall& c) {
-  std::vector<AxisStrategy> s{{{Replicate()}, Replicate()}};
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
-    s.push_back({{Partial(op)}, Replicate()});
-  for (size_t d = 0; d < c.input_shapes[0].size(); ++d) {
-    s.push_back({{Shard(static_cast<int>(d))}, Shard(static_cast<int>(d))});
-  }
-  return s;
-}
-
+// R -> R and S(d) -> S(d) for one input, every output alike; no Partial.
 std::vector<AxisStrategy> unpartial_options(size_t ndim, size_t n_out) {
   std::vector<AxisStrategy> s{{{Replicate()}, std::vector<Placement>(n_out, Replicate())}};
   for (size_t d = 0; d < ndim; ++d) {
     s.push_back({{Shard(static_cast<int>(d))}, std::vector<Placement>(n_out, Shard(static_cast<int>(d)))});
   }
+  return s;
+}
+
+// *_like factories read only the input's shape: a Partial input gives a Replicate output without any
+// communication.
+RuleResult like_rule(const RuleCall& c) {
+  auto s = unpartial_options(c.input_shapes[0].size(), 1);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
+    s.push_back({{Partial(op)}, Replicate()});
   return s;
 }
 

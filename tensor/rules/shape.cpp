@@ -24,12 +24,8 @@ namespace dtrain::tensor::rules {
 
 namespace {
 
-std::vector<AxisStrategy> base_options(size_t n = 1) {
-  std::vector<AxisStrategy> s{{std::vector<Placement>(n, Replicate()), Replicate()}};
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
-    s.push_back({std::vector<Placement>(n, Partial(op)), Partial(op)});
-  return s;
-}
+// R -> R and P -> P for every reduce op (n inputs alike).
+std::vector<AxisStrategy> base_options(size_t n = 1) { return identity_options(0, n); }
 
 // Options mapping input dim d to output dim map(d) (-1: may not stay sharded).
 template <typename F>
