@@ -69,6 +69,11 @@ Backend::Backend(std::string name, std::string group_id, std::vector<int> global
   DTRAIN_ASSERT(group_rank_ >= 0 && group_rank_ < group_size(), "group_rank ", group_rank_, " size ",
                 group_size());
   board_ = std::make_shared<ProgressBoard>(store_, group_id_, global_ranks_, group_rank_);
+  failures_ = std::make_shared<FailureBoard>(store_, global_rank());
+}
+
+void Backend::report_failure(const std::string& tag, const std::string& message) {
+  failures_->post(tag, message);
 }
 
 std::vector<int> Backend::all_peers() const {
@@ -94,6 +99,8 @@ OpInfo Backend::begin(const char* op, std::vector<int> peers, const Timeout& tim
   }
   info.issued = Clock::now();
   info.deadline = info.issued + info.timeout;
+  std::shared_ptr<FailureBoard> failures = failures_;
+  info.abort_reason = [failures] { return failures->foreign_failure(); };
   if (collective) {
     info.seq = ++collective_seq_;
     board_->enter(info.seq, op);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/failure_board.h"
 #include "comm/progress_board.h"
 #include "comm/types.h"
 #include "comm/work.h"
@@ -68,6 +69,10 @@ class Backend : public std::enable_shared_from_this<Backend> {
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {});
   WorkPtr barrier(const BarrierOptions& opts = {});
 
+  // Tells every rank of the job that this one failed at `tag` with `message` (FailureBoard): their waiting
+  // collectives raise it within FailureBoard::kPollInterval. Never throws.
+  void report_failure(const std::string& tag, const std::string& message);
+
   // Collective over this group: ranks with the same color form a new group, ordered by (key, group rank). A
   // negative color joins no group and gets nullptr.
   std::shared_ptr<Backend> split(int color, int key);
@@ -114,6 +119,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
   std::chrono::milliseconds default_timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::shared_ptr<ProgressBoard> board_;
+  std::shared_ptr<FailureBoard> failures_;
   uint64_t collective_seq_ = 0;
   uint64_t p2p_seq_ = 0;
   int splits_ = 0;

@@ -73,6 +73,7 @@ BackendPtr init(const InitOptions& opts) {
   EnvMap env = current_env();
   RankInfo info = parse_rank_env(env);
   set_log_rank(info.rank, info.world_size);
+  set_log_level(log_level_from_env(env));
   std::string name = choose_backend(opts.backend, info, env);
   auto timeout = opts.timeout.value_or(default_timeout(env));
   BackendPtr world = create_backend(name, info, timeout);

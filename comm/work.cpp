@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "comm/failure_board.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -53,13 +54,29 @@ void Work::wait_impl(Clock::time_point deadline) {
     if (snapshot) return *snapshot;
     return "(the peers' progress could not be read: the rank hosting the store may have exited)";
   };
+  // Waits in slices of FailureBoard::kPollInterval, reading between them whether another rank reported a
+  // failure (a fast op finishes within the first slice and never reads the board).
+  struct Aborted {
+    std::string why;
+  };
+  auto wait_watching = [&](Clock::time_point until) {
+    if (!info_.abort_reason) return wait_until(until);
+    for (;;) {
+      if (wait_until(std::min(until, Clock::now() + FailureBoard::kPollInterval))) return true;
+      if (auto why = info_.abort_reason()) throw Aborted{*why};
+      if (Clock::now() >= until) return false;
+    }
+  };
   bool finished = false;
   try {
     if (info_.diagnose && deadline == info_.deadline && deadline - Clock::now() > 2 * snapshot_margin) {
-      finished = wait_until(deadline - snapshot_margin);
+      finished = wait_watching(deadline - snapshot_margin);
       if (!finished) snapshot = info_.diagnose();
     }
-    if (!finished) finished = wait_until(deadline);
+    if (!finished) finished = wait_watching(deadline);
+  } catch (const Aborted& a) {
+    on_timed_out();  // the op is abandoned: the engine may still be in it
+    error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " aborted: ", a.why)));
   } catch (const Error& e) {
     error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " failed: ", e.what())));
   } catch (const c10::Error& e) {

@@ -27,6 +27,8 @@ struct OpInfo {
   // Names the peers that have not reached this op, from the progress board ("" when none is known to be
   // behind); nullopt when the board cannot be read. May be null.
   std::function<std::optional<std::string>()> diagnose;
+  // A failure another rank reported (FailureBoard), read while the op waits; nullopt when none. May be null.
+  std::function<std::optional<std::string>()> abort_reason;
 };
 
 // Thread-safety: a Work is used by the thread that issued it.
@@ -38,7 +40,8 @@ class Work {
   Work& operator=(const Work&) = delete;
 
   // Waits until the op's own deadline (issue time + its timeout). Past it: TimeoutError, and the op counts as
-  // failed (later waits rethrow the same error; the backend may refuse further ops).
+  // failed (later waits rethrow the same error; the backend may refuse further ops). A failure another rank
+  // reported meanwhile (OpInfo::abort_reason) ends the wait early with a CommError naming that rank.
   void wait();
   // Waits at most `timeout`, never past the op's deadline. If the op is still running when a `timeout`
   // shorter than the op's own runs out, throws TimeoutError but the op goes on: a later wait() can still

@@ -1,6 +1,8 @@
 // Environment parsing; see env.h.
 #include "core/env.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -43,6 +45,28 @@ int64_t env_int(const EnvMap& env, const std::string& name, int64_t fallback, in
                              name, " to a value in that range."));
   }
   return x;
+}
+
+bool env_bool(const EnvMap& env, const std::string& name, bool fallback) {
+  auto v = env_get(env, name);
+  if (!v) return fallback;
+  std::string x = *v;
+  std::transform(x.begin(), x.end(), x.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (x == "1" || x == "true" || x == "yes" || x == "on") return true;
+  if (x == "0" || x == "false" || x == "no" || x == "off" || x.empty()) return false;
+  throw ValueError(str_cat("environment: ", name, "='", *v, "' is not a yes/no value. Set ", name,
+                           "=1 (or true, yes, on) or ", name, "=0 (or false, no, off)."));
+}
+
+std::string env_choice(const EnvMap& env, const std::string& name, const std::string& fallback,
+                       const std::vector<std::string>& allowed) {
+  auto v = env_get(env, name);
+  if (!v) return fallback;
+  if (std::find(allowed.begin(), allowed.end(), *v) != allowed.end()) return *v;
+  std::string list;
+  for (size_t i = 0; i < allowed.size(); ++i) list += str_cat(i ? ", " : "", allowed[i]);
+  throw ValueError(
+      str_cat("environment: ", name, "='", *v, "' is not one of ", list, ". Set ", name, " to one of them."));
 }
 
 std::chrono::milliseconds env_seconds(const EnvMap& env, const std::string& name,

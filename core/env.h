@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dtrain {
 
@@ -20,6 +21,14 @@ std::optional<std::string> env_get(const EnvMap& env, const std::string& name);
 // An integer variable; ValueError naming the variable and value if it is not an integer in [min, max].
 int64_t env_int(const EnvMap& env, const std::string& name, int64_t fallback, int64_t min = INT64_MIN,
                 int64_t max = INT64_MAX);
+
+// A yes/no variable: 1, true, yes, on / 0, false, no, off (any case); ValueError naming the variable and
+// value otherwise.
+bool env_bool(const EnvMap& env, const std::string& name, bool fallback);
+
+// One of `allowed` (exact); ValueError listing them otherwise.
+std::string env_choice(const EnvMap& env, const std::string& name, const std::string& fallback,
+                       const std::vector<std::string>& allowed);
 
 // Seconds as a decimal number ("30", "2.5"); ValueError if not a non-negative number.
 std::chrono::milliseconds env_seconds(const EnvMap& env, const std::string& name,

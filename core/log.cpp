@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 namespace dtrain {
@@ -14,12 +13,11 @@ std::mutex g_mu;
 std::string g_prefix;  // guarded by g_mu
 
 LogLevel initial_level() {
-  const char* v = std::getenv("DTRAIN_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::kInfo;
-  if (!std::strcmp(v, "debug")) return LogLevel::kDebug;
-  if (!std::strcmp(v, "warn")) return LogLevel::kWarn;
-  if (!std::strcmp(v, "error")) return LogLevel::kError;
-  return LogLevel::kInfo;
+  try {
+    return log_level_from_env(current_env());
+  } catch (const ValueError&) {
+    return LogLevel::kInfo;  // init() reports it
+  }
 }
 
 std::atomic<int> g_level{static_cast<int>(initial_level())};
@@ -36,7 +34,16 @@ std::string rank_prefix() {
   return g_prefix;
 }
 
+LogLevel log_level_from_env(const EnvMap& env) {
+  const std::string v = env_choice(env, "DTRAIN_LOG_LEVEL", "info", {"debug", "info", "warn", "error"});
+  return v == "debug"   ? LogLevel::kDebug
+         : v == "warn"  ? LogLevel::kWarn
+         : v == "error" ? LogLevel::kError
+                        : LogLevel::kInfo;
+}
+
 void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
+LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
 
 void log_line(LogLevel level, const std::string& msg) {
   if (static_cast<int>(level) < g_level.load()) return;

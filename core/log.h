@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace dtrain {
@@ -13,8 +14,12 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 void set_log_rank(int rank, int world_size);
 // "[rank r/N]" (or "" before set_log_rank): the prefix that comm and mesh errors start with.
 std::string rank_prefix();
-// Minimum level printed; DTRAIN_LOG_LEVEL=debug|info|warn|error sets it at start-up.
+// Minimum level printed; DTRAIN_LOG_LEVEL=debug|info|warn|error sets it at start-up (init() rejects any
+// other value with a ValueError; before init() a bad value leaves info).
 void set_log_level(LogLevel level);
+LogLevel log_level();
+// DTRAIN_LOG_LEVEL's level (info when unset); ValueError naming the value otherwise.
+LogLevel log_level_from_env(const EnvMap& env);
 void log_line(LogLevel level, const std::string& msg);
 
 template <typename... Args>

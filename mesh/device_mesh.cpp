@@ -61,7 +61,9 @@ std::string DeviceMesh::to_string() const {
     axes += str_cat(a ? ", " : "", names_[a]);
     coord += str_cat(a ? ", " : "", coordinate_[a]);
   }
-  return str_cat(s, "), axes=(", axes, "), coordinate=(", coord, "))");
+  std::string ranks;
+  for (size_t i = 0; i < global_ranks().size(); ++i) ranks += str_cat(i ? ", " : "", global_ranks()[i]);
+  return str_cat(s, "), axes=(", axes, "), ranks=(", ranks, "), coordinate=(", coord, "))");
 }
 
 }  // namespace dtrain::mesh

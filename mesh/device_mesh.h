@@ -32,10 +32,18 @@ class DeviceMesh {
     return axis_groups_.at(this->axis(name));
   }
   const comm::BackendPtr& group() const { return group_; }
+  // The global rank at each coordinate, row-major.
+  const std::vector<int>& global_ranks() const { return group_->global_ranks(); }
+  // True when `other` lays out the same global ranks in the same shape, so that its axis groups hold the same
+  // ranks as this mesh's: DTensors on the two can be combined. The "dp" and "tp" sub-meshes of a 2x2 mesh
+  // have the same shape but not the same ranks.
+  bool same_layout(const DeviceMesh& other) const {
+    return this == &other || (shape_ == other.shape_ && global_ranks() == other.global_ranks());
+  }
   // The 1-d mesh along one axis through this rank.
   DeviceMesh sub_mesh(const std::string& name) const;
 
-  // "DeviceMesh(shape=(2, 2), axes=(dp, tp), coordinate=(0, 1))"
+  // "DeviceMesh(shape=(2, 2), axes=(dp, tp), ranks=(0, 1, 2, 3), coordinate=(0, 1))"
   std::string to_string() const;
 
  private:

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm/completion.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -134,11 +135,11 @@ class GlooBackend::P2pWaiter {
 namespace {
 
 std::shared_ptr<::gloo::transport::Device> make_device() {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  const EnvMap env = current_env();
+  if (auto ifname = env_get(env, "GLOO_SOCKET_IFNAME"); ifname && !ifname->empty()) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
   }
-  const char* addr = std::getenv("MASTER_ADDR");
-  std::string a = addr ? addr : "";
+  std::string a = env_get(env, "MASTER_ADDR").value_or("");
   if (a.empty() || a == "127.0.0.1" || a == "localhost") {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
