@@ -17,43 +17,52 @@ CommLog& CommLog::instance() {
 
 void CommLog::record(CommRecord r) {
   std::lock_guard<std::mutex> lock(mu_);
+  ++totals_.collectives;
+  totals_.bytes += r.bytes;
+  totals_.predicted_s += r.predicted_s;
+  totals_.measured_s += r.measured_s;
+  ++totals_.by_kind[to_string(r.kind)];
+  ++totals_.by_cause[r.cause];
+  Row& row = rows_[{r.cause, to_string(r.kind)}];
+  ++row.n;
+  row.bytes += r.bytes;
+  row.predicted += r.predicted_s;
+  row.measured += r.measured_s;
   records_.push_back(std::move(r));
+  while (records_.size() > capacity_) {
+    records_.pop_front();
+    ++dropped_;
+  }
 }
 
 std::vector<CommRecord> CommLog::records() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return records_;
+  return {records_.begin(), records_.end()};
 }
 
 CommTotals CommLog::totals() const {
   std::lock_guard<std::mutex> lock(mu_);
-  CommTotals t;
-  for (const auto& r : records_) {
-    ++t.collectives;
-    t.bytes += r.bytes;
-    t.predicted_s += r.predicted_s;
-    t.measured_s += r.measured_s;
-    ++t.by_kind[to_string(r.kind)];
-    ++t.by_cause[r.cause];
+  return totals_;
+}
+
+int64_t CommLog::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+void CommLog::set_capacity(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capacity_ = n;
+  while (records_.size() > capacity_) {
+    records_.pop_front();
+    ++dropped_;
   }
-  return t;
 }
 
 std::string CommLog::summary() const {
-  struct Row {
-    int64_t n = 0, bytes = 0;
-    double predicted = 0, measured = 0;
-  };
-  std::map<std::pair<std::string, std::string>, Row> rows;
-  for (const auto& r : records()) {
-    Row& row = rows[{r.cause, to_string(r.kind)}];
-    ++row.n;
-    row.bytes += r.bytes;
-    row.predicted += r.predicted_s;
-    row.measured += r.measured_s;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  for (const auto& [key, row] : rows) {
+  for (const auto& [key, row] : rows_) {
     char line[256];
     std::snprintf(line, sizeof(line), "%s: %lld x %s, %lld B, predicted %.3f ms, measured %.3f ms\n",
                   key.first.c_str(), static_cast<long long>(row.n), key.second.c_str(),
@@ -66,6 +75,9 @@ std::string CommLog::summary() const {
 void CommLog::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   records_.clear();
+  rows_.clear();
+  totals_ = {};
+  dropped_ = 0;
 }
 
 CommCause::CommCause(std::string op)

@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -34,19 +35,35 @@ struct CommTotals {
   std::map<std::string, int64_t> by_cause;  // "aten::add_.Tensor" -> count
 };
 
+// Bounded: the totals and the summary count every collective since the last clear(), but only the last
+// capacity() records are kept one by one (older ones are dropped, and counted by dropped()), so a long run
+// that never clears holds a fixed amount of memory.
 class CommLog {
  public:
+  static constexpr size_t kDefaultCapacity = 65536;
   static CommLog& instance();
   void record(CommRecord r);
+  // The most recent records (at most capacity()), oldest first.
   std::vector<CommRecord> records() const;
   CommTotals totals() const;
   // One line per cause and kind: "aten::addmm: 2 x all_gather, 1.2 KB, predicted 0.4 ms, measured 0.9 ms".
   std::string summary() const;
+  // Records dropped since the last clear() to keep within the capacity.
+  int64_t dropped() const;
+  void set_capacity(size_t n);
   void clear();
 
  private:
+  struct Row {
+    int64_t n = 0, bytes = 0;
+    double predicted = 0, measured = 0;
+  };
   mutable std::mutex mu_;
-  std::vector<CommRecord> records_;  // guarded by mu_
+  size_t capacity_ = kDefaultCapacity;                       // guarded by mu_
+  std::deque<CommRecord> records_;                           // guarded by mu_
+  CommTotals totals_;                                        // guarded by mu_
+  std::map<std::pair<std::string, std::string>, Row> rows_;  // guarded by mu_; (cause, kind)
+  int64_t dropped_ = 0;                                      // guarded by mu_
 };
 
 // Names the op on whose behalf collectives run in this thread while it lives (the dispatcher sets it).

@@ -17,7 +17,6 @@
 #include <torch/library.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,17 +28,13 @@
 #include "tensor/comm_log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/redistribute.h"
+#include "tensor/settings.h"
 #include "tensor/shard_math.h"
 #include "tensor/sharding_rules.h"
 
 namespace dtrain::tensor {
 
 namespace {
-
-bool strict_mode() {
-  const char* v = std::getenv("DTRAIN_DTENSOR_STRICT");
-  return v != nullptr && std::string(v) == "1";
-}
 
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& n = op.schema().operator_name();
@@ -103,40 +98,172 @@ std::vector<at::Tensor> returned_tensors(const torch::jit::Stack& stack, size_t 
   return out;
 }
 
-// The outputs' global shapes: the broadcast of the inputs for a pointwise op, otherwise from the op's meta
-// kernel on global-shaped meta tensors (not every op has one in C++: then empty).
-std::vector<std::vector<int64_t>> infer_output_shapes(const c10::OperatorHandle& op,
-                                                      const torch::jit::Stack& args,
-                                                      const std::vector<std::vector<int64_t>>& input_shapes) {
-  if (op.hasTag(at::Tag::pointwise) && op.schema().returns().size() == 1) {
-    std::vector<int64_t> shape;
-    for (auto& s : input_shapes) shape = at::infer_size(shape, s);
-    return {shape};
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// "[7, 5] strides [5, 1] Float (S(0), R)": what an op's decision depends on for one DTensor argument.
+std::string describe_arg(const at::Tensor& t) {
+  return str_cat(t.sizes(), " strides ", t.strides(), " ", t.scalar_type(), " ",
+                 to_string(meta_of(t).placements));
+}
+
+// DTRAIN_DTENSOR_CHECK (check mode) and plain tensors in strict mode: every rank must take the same decision
+// for an op, and a plain tensor taken as Replicate must be the same on every rank. verify() exchanges a hash
+// of this rank's decision and a fingerprint of its plain tensors over the mesh (one small all_gather) and
+// raises the same ValueError on every rank when they differ, naming the op and the ranks on each side.
+struct DecisionCheck {
+  bool decisions = false;  // check mode
+  bool plains = false;     // check or strict mode: fingerprint plain tensors
+  uint64_t plain = 0;      // fingerprint of the plain tensors seen (0: none)
+  std::string plain_what;  // which they are
+
+  void add_plain(const at::Tensor& t, size_t arg) {
+    at::Tensor c = t.contiguous();
+    uint64_t h = fnv1a(c.sizes().data(), c.sizes().size() * sizeof(int64_t), plain ? plain : 7);
+    h = fnv1a(c.const_data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), h);
+    plain = h | 1;  // never 0
+    plain_what += str_cat(plain_what.empty() ? "" : ", ", "argument ", arg, " ", t.sizes());
   }
+
+  void verify(const c10::OperatorHandle& op, const MeshPtr& mesh,
+              const std::vector<std::pair<size_t, at::Tensor>>& dts, const std::string& decision) const {
+    if (!decisions && plain == 0) return;
+    std::string what;
+    if (decisions) {
+      what = decision;
+      for (const auto& [i, t] : dts) what += " | " + describe_arg(t);
+    }
+    const auto& group = mesh->group();
+    const int n = group->group_size();
+    at::Tensor mine = at::tensor(
+        {static_cast<int64_t>(decisions ? fnv1a(what.data(), what.size()) : 0), static_cast<int64_t>(plain)},
+        at::kLong);
+    at::Tensor all = at::empty({n, 2}, at::kLong);
+    group->all_gather(all, mine)->wait();
+    auto differ = [&](int col) {
+      std::map<int64_t, std::vector<int>> sides;
+      for (int g = 0; g < n; ++g) sides[all[g][col].item<int64_t>()].push_back(group->global_ranks()[g]);
+      if (sides.size() <= 1) return std::string();
+      std::string out;
+      for (const auto& [h, ranks] : sides) {
+        std::string list;
+        for (int r : ranks) list += str_cat(list.empty() ? "" : ", ", r);
+        const bool mine_side = h == mine[col].item<int64_t>();
+        out += str_cat(out.empty() ? "" : " vs ", "ranks {", list, "}", mine_side ? " (this rank)" : "");
+      }
+      return out;
+    };
+    if (std::string d = differ(0); !d.empty()) {
+      throw ValueError(
+          str_cat(rank_prefix(), " DTRAIN_DTENSOR_CHECK: the ranks decided differently for ", op_name(op),
+                  ": ", d, ". This rank decided: ", what,
+                  ". Every decision must depend on global shapes, strides, placements and dtypes "
+                  "only; report this with the op and placements."));
+    }
+    if (std::string d = differ(1); !d.empty()) {
+      throw ValueError(str_cat(
+          rank_prefix(), " DTensor: ", op_name(op), " got a plain tensor (", plain_what,
+          ") that differs across ranks: ", d,
+          ". A plain tensor meeting a DTensor is taken as Replicate, the same on every rank. Make "
+          "rank-specific "
+          "values a DTensor with from_local() (Shard or Partial), or compute them alike on every rank."));
+    }
+  }
+};
+
+// The outputs' global shapes and strides, as libtorch lays them out on one process: from the op's meta
+// kernel on meta tensors of the inputs' global shapes and strides. Empty when the op has no meta kernel in
+// C++; then a pointwise op's shape is its inputs' broadcast, dense in its first input's dim order. A meta
+// kernel's own error (a view of a tensor whose strides do not allow it, a bad dim) is libtorch's answer for
+// the global tensor and is raised on every rank alike.
+struct Outputs {
+  std::vector<std::vector<int64_t>> shapes, strides;
+};
+
+Outputs infer_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                      const std::vector<std::pair<size_t, at::Tensor>>& dts) {
   torch::jit::Stack meta(args);
   for (auto& iv : meta) {  // lists are shared between IValue copies: give the meta call its own
     if (iv.isTensorList()) iv = c10::List<at::Tensor>(iv.toTensorVector());
     if (iv.isOptionalTensorList()) iv = c10::List<std::optional<at::Tensor>>(iv.toOptionalTensorList().vec());
   }
   for_each_tensor(meta, meta.size(), [&](const at::Tensor& t, size_t) {
-    return is_dtensor(t) ? at::empty(t.sizes(), t.options().device(at::kMeta)) : at::Tensor();
+    return is_dtensor(t) ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta))
+                         : at::Tensor();
   });
+  Outputs out;
   try {
     op.callBoxed(&meta);
-  } catch (const std::exception&) {
-    return {};
+    for (const at::Tensor& t : returned_tensors(meta, meta.size())) {
+      out.shapes.push_back(t.sizes().vec());
+      out.strides.push_back(t.strides().vec());
+    }
+    return out;
+  } catch (const c10::NotImplementedError&) {
+    // no meta kernel in C++
   }
-  std::vector<std::vector<int64_t>> shapes;
-  for (const at::Tensor& t : returned_tensors(meta, meta.size())) shapes.push_back(t.sizes().vec());
-  return shapes;
+  if (op.hasTag(at::Tag::pointwise) && op.schema().returns().size() == 1) {
+    std::vector<int64_t> shape;
+    for (auto& [i, t] : dts) shape = at::infer_size(shape, t.sizes());
+    const at::Tensor& first = dts[0].second;
+    out.strides.push_back(detail::dense_strides(
+        shape, first.dim() == static_cast<int64_t>(shape.size()) ? first.strides() : c10::IntArrayRef{}));
+    out.shapes.push_back(std::move(shape));
+  }
+  return out;
 }
 
-// The op's rule (or nullptr), looked up by name once per op.
+bool is_out_argument(const c10::Argument& a) {
+  return a.kwarg_only() && a.alias_info() != nullptr && a.alias_info()->isWrite();
+}
+
+// The functional form of an out= op: the overload of the same name whose arguments are the out= op's less
+// its written keyword arguments (sum.IntList_out -> sum.dim_IntList, mean.out -> mean.dim). Matched on the
+// schema, not on the overload's name, so that no out= op is mistaken for another overload.
+std::optional<c10::OperatorHandle> functional_form(const c10::OperatorHandle& op) {
+  static const auto overloads = [] {  // op name -> its overload names
+    std::unordered_map<std::string, std::vector<std::string>> m;
+    for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) m[n.name].push_back(n.overload_name);
+    return m;
+  }();
+  const auto& schema = op.schema();
+  std::vector<const c10::Argument*> want;
+  for (const auto& a : schema.arguments()) {
+    if (!is_out_argument(a)) want.push_back(&a);
+  }
+  if (want.size() == schema.arguments().size()) return std::nullopt;
+  auto it = overloads.find(schema.name());
+  if (it == overloads.end()) return std::nullopt;
+  for (const std::string& overload : it->second) {
+    auto h = c10::Dispatcher::singleton().findOp({schema.name(), overload});
+    if (!h || h->schema().overload_name() == schema.overload_name()) continue;
+    const auto& args = h->schema().arguments();
+    if (args.size() != want.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < args.size() && same; ++i) {
+      same = args[i].name() == want[i]->name() && *args[i].type() == *want[i]->type() &&
+             args[i].alias_info() == nullptr;
+    }
+    if (same) return h;
+  }
+  return std::nullopt;
+}
+
+// The op's rule (or nullptr), looked up once per op; an out= op takes its functional form's rule.
 const RuleSpec* rule_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const void*, const RuleSpec*> rules;
   auto it = rules.find(&op.schema());
   if (it != rules.end()) return it->second;
-  return rules[&op.schema()] = find_rule(op_name(op), op.hasTag(at::Tag::pointwise));
+  const RuleSpec* rule = nullptr;
+  if (auto f = functional_form(op)) {
+    rule = find_rule(op_name(*f), f->hasTag(at::Tag::pointwise));
+  } else {
+    rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise));
+  }
+  return rules[&op.schema()] = rule;
 }
 
 // A rule's decision for one call: the hooks, the outputs' global shapes, which returned tensors each output
@@ -144,6 +271,7 @@ const RuleSpec* rule_of(const c10::OperatorHandle& op) {
 struct RulePlan {
   RuleResult res;
   std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<int64_t>> strides;  // empty for an output: contiguous
   std::vector<size_t> first_of;
   Choice best;
 };
@@ -161,11 +289,25 @@ std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::ji
   call.mesh_shape = mesh->shape();
   for (auto& [i, t] : dts) call.input_shapes.push_back(t.sizes().vec());
   call.args = &args;
-  if (!spec.gives_shapes) call.output_shapes = infer_output_shapes(op, args, call.input_shapes);
-  if (!spec.gives_shapes && call.output_shapes.empty()) return std::nullopt;
-  RulePlan plan{spec.rule(call), {}, {0}, {}};
+  Outputs inferred;
+  if (!spec.gives_shapes) {
+    inferred = infer_outputs(op, args, dts);
+    if (inferred.shapes.empty()) return std::nullopt;
+    call.output_shapes = inferred.shapes;
+  }
+  auto rule = [&] {
+    try {
+      return spec.rule(call);
+    } catch (const ValueError& e) {  // bad arguments, found before libtorch's kernel would
+      throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op), ": ", e.what()));
+    }
+  };
+  RulePlan plan{rule(), {}, {}, {0}, {}};
   const RuleResult& res = plan.res;
   plan.shapes = spec.gives_shapes ? res.output_shapes : call.output_shapes;
+  // Ops whose shapes the rule gives (no meta kernel) return fresh contiguous tensors.
+  plan.strides = spec.gives_shapes ? std::vector<std::vector<int64_t>>() : inferred.strides;
+  plan.strides.resize(plan.shapes.size());
   const auto& shapes = plan.shapes;
   if (res.options.empty()) return std::nullopt;
   const size_t n_out = res.options[0].outputs.size();
@@ -203,7 +345,7 @@ std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::ji
         throw ValueError("not in place");
       if (res.valid && !res.valid(ch)) throw ValueError("not computable on blocks");
       double cost = 0;
-      for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, ch.inputs[k]).cost;
+      for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, ch.inputs[k])->cost;
       if (!best || cost < best_cost) {
         best_cost = cost;
         best = ch;
@@ -220,9 +362,9 @@ std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::ji
   return plan;
 }
 
-// The strategy cache's key for a call: the op, the mesh's shape, and every argument that a rule may read
-// (DTensors by dtype, shape and placements; plain scalars by dtype; ints, floats, bools, strings and lists by
-// value). Empty when an argument cannot be keyed (the call is then planned afresh).
+// The strategy cache's key for a call: the op, the mesh (shape and ranks), and every argument that a rule may
+// read (DTensors by dtype, shape and placements; plain scalars by dtype; ints, floats, bools, strings and
+// lists by value). Empty when an argument cannot be keyed (the call is then planned afresh).
 std::string strategy_key(const c10::OperatorHandle& op, const torch::jit::Stack& args, const MeshPtr& mesh,
                          bool in_place, int out_index) {
   std::string k;
@@ -230,6 +372,8 @@ std::string strategy_key(const c10::OperatorHandle& op, const torch::jit::Stack&
   auto raw = [&k](const auto& x) { k.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
   raw(&op.schema());
   for (int64_t d : mesh->shape()) raw(d);
+  k += '|';
+  for (int r : mesh->global_ranks()) raw(r);  // the mesh's identity: its ranks, not only its shape
   k += in_place ? 'I' : 'F';
   raw(out_index);
   auto tensor = [&](const at::Tensor& t) {
@@ -242,6 +386,7 @@ std::string strategy_key(const c10::OperatorHandle& op, const torch::jit::Stack&
     raw(static_cast<int8_t>(t.dim()));
     if (!is_dtensor(t)) return;
     for (int64_t d : t.sizes()) raw(d);
+    for (int64_t d : t.strides()) raw(d);  // global strides: the meta kernel's output layout reads them
     for (const Placement& p : meta_of(t).placements) {
       raw(static_cast<int8_t>(p.kind));
       raw(static_cast<int8_t>(p.dim));
@@ -312,6 +457,7 @@ std::shared_ptr<const RulePlan> cached_plan(const c10::OperatorHandle& op, const
 // wraps the outputs. False when the rule does not apply.
 bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const RuleSpec& spec,
                    const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh, bool in_place,
+                   const DecisionCheck& check,
                    std::optional<std::pair<size_t, at::Tensor>> out_arg = std::nullopt) {
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
@@ -326,6 +472,13 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   const auto& first_of = plan->first_of;
   const Choice* best = &plan->best;
   const size_t n_out = first_of.size() - 1;
+  if (check.decisions || check.plain) {
+    std::string d = str_cat("rule", in_place ? " in place" : "", out_arg ? " out=" : "", ", inputs");
+    for (const auto& p : best->inputs) d += " " + to_string(p);
+    d += ", outputs";
+    for (const auto& p : best->outputs) d += " " + to_string(p);
+    check.verify(op, mesh, dts, d);
+  }
 
   // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order).
   size_t k = 0;
@@ -350,9 +503,13 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   std::vector<at::Tensor> locals = returned_tensors(args, n_ret);
   if (res.finish) res.finish(locals, *best, mesh);
   if (out_arg) {  // the out= DTensor takes the result's block, placements and shape (as out= resizes)
+    auto expect = local_chunk(shapes[0], mesh->shape(), best->outputs[0], mesh->coordinate()).shape;
+    DTRAIN_ASSERT(locals[0].sizes().vec() == expect, op_name(op), " under ", to_string(best->outputs[0]),
+                  " gave a block of ", locals[0].sizes(), " where ", c10::IntArrayRef(expect),
+                  " was expected");
     at::Tensor out = out_arg->second;
     auto* impl = out.unsafeGetTensorImpl();
-    impl->set_sizes_contiguous(shapes[0]);
+    impl->set_sizes_and_strides(shapes[0], detail::dense_strides(shapes[0], {}));
     impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(locals[0], mesh, best->outputs[0]));
     impl->bump_version();
     stack->push_back(out);
@@ -369,7 +526,12 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
       auto expect = local_chunk(shapes[e], mesh->shape(), best->outputs[r], mesh->coordinate()).shape;
       DTRAIN_ASSERT(local.sizes().vec() == expect, op_name(op), " under ", to_string(best->outputs[r]),
                     " gave a block of ", local.sizes(), " where ", c10::IntArrayRef(expect), " was expected");
-      wrapped.push_back(detail::make_dtensor(local, mesh, best->outputs[r], shapes[e]));
+      // A fresh block follows its DTensor's layout (a view keeps its base's, which did).
+      const bool fresh = schema.returns()[r].alias_info() == nullptr;
+      const auto& strides = plan->strides[e];
+      wrapped.push_back(
+          detail::make_dtensor(fresh && !strides.empty() ? detail::conform_layout(local, strides) : local,
+                               mesh, best->outputs[r], shapes[e], strides));
     }
   }
   // Back onto the stack in the returns' structure.
@@ -387,21 +549,18 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   return true;
 }
 
-void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const MeshPtr& mesh) {
   CommCause cause(op);  // the collectives this op needs are logged under its name
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
 
-  // The mesh (of the first DTensor argument). Plain tensors other than 0-d ones (scalars) that the op does
-  // not write are taken as Replicate on it: the same on every rank, as a constant of the model code is (an
-  // arange of positions, a mask). 0-d plain tensors stay scalars.
-  MeshPtr mesh;
-  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
-    if (!mesh && is_dtensor(t)) mesh = meta_of(t).mesh;
-    return at::Tensor();
-  });
-  DTRAIN_ASSERT(mesh != nullptr, "the DTensor handler ran ", op_name(op), " without a DTensor argument");
+  // Plain tensors other than 0-d ones (scalars) that the op does not write are taken as Replicate on the
+  // mesh: the same on every rank, as a constant of the model code is (an arange of positions, a mask); strict
+  // and check modes verify that they are. 0-d plain tensors stay scalars.
+  DecisionCheck check;
+  check.decisions = check_mode();
+  check.plains = check.decisions || strict_mode();
   bool plain_only_scalars = true;
   for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
     if (!t.defined() || is_dtensor(t) || t.dim() == 0) return at::Tensor();
@@ -410,7 +569,9 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       plain_only_scalars = false;
       return at::Tensor();
     }
-    return detail::make_dtensor(t, mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec());
+    if (check.plains) check.add_plain(t, i - base);
+    return detail::make_dtensor(t, mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec(),
+                                t.strides().vec());
   });
 
   // The DTensor arguments.
@@ -420,10 +581,12 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
     return at::Tensor();
   });
   for (auto& [i, t] : dts) {
-    if (meta_of(t).mesh.get() != mesh.get() && meta_of(t).mesh->shape() != mesh->shape()) {
-      throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op),
-                               " got DTensors on different meshes (", mesh->to_string(), " and ",
-                               meta_of(t).mesh->to_string(), "). Redistribute them onto one mesh first."));
+    if (!meta_of(t).mesh->same_layout(*mesh)) {
+      throw ValueError(
+          str_cat(rank_prefix(), " DTensor: ", op_name(op), " got DTensors on different meshes (",
+                  mesh->to_string(), " and ", meta_of(t).mesh->to_string(),
+                  "). Combine DTensors of one mesh (the same ranks in the same layout): move one "
+                  "with to_local() and from_local() onto the other's mesh first."));
     }
   }
 
@@ -441,6 +604,7 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
         return k == c10::TypeKind::TensorType || k == c10::TypeKind::ListType;
       });
   if (!returns_tensor && !writes && !all_rep) {
+    check.verify(op, mesh, dts, "no tensor returned: on the whole values");
     Placements rep(mesh->ndim(), Replicate());
     for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
       return is_dtensor(t) ? detail::redistributed_local(t, rep) : at::Tensor();
@@ -454,7 +618,7 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                        schema.arguments()[0].alias_info()->isWrite();
   if ((!writes || in_place_self) && plain_only_scalars && !all_rep) {
     const RuleSpec* rule = rule_of(op);
-    if (rule && run_with_rule(op, stack, *rule, dts, mesh, in_place_self)) return;
+    if (rule && run_with_rule(op, stack, *rule, dts, mesh, in_place_self, check)) return;
   }
   // out= ops (one written keyword argument `out`, a DTensor, returned): by the rule of the op's functional
   // form, the out DTensor taking the result.
@@ -465,12 +629,13 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       auto inputs = dts;
       inputs.erase(inputs.begin() + static_cast<std::ptrdiff_t>(k));
       const RuleSpec* rule = inputs.empty() ? nullptr : rule_of(op);
-      if (rule && run_with_rule(op, stack, *rule, inputs, mesh, false, dts[k])) return;
+      if (rule && run_with_rule(op, stack, *rule, inputs, mesh, false, check, dts[k])) return;
     }
   }
   // Left: ops without a rule for these placements (or writing several arguments). All Replicate: on the
   // blocks; otherwise gathered to Replicate.
   const bool gathered = !all_rep;
+  check.verify(op, mesh, dts, gathered ? "no rule: gathered to Replicate" : "all Replicate: on the blocks");
   const Placements out_placements(mesh->ndim(), Replicate());
   if (gathered) {
     ++g_gathers;
@@ -524,7 +689,8 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       continue;
     }
     auto wrap = [&](const at::Tensor& local) {
-      return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec());
+      // the op ran on the whole tensors, alike on every rank: the result's own layout is the global one
+      return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec(), local.strides().vec());
     };
     if (iv.isTensor()) {
       at::Tensor t = iv.toTensor();
@@ -534,6 +700,18 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
       for (size_t j = 0; j < list.size(); ++j) list.set(j, wrap(list.get(j)));
     }
   }
+}
+
+void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t n_args = op.schema().arguments().size();
+  // The mesh (of the first DTensor argument).
+  MeshPtr mesh;
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
+    if (!mesh && is_dtensor(t)) mesh = meta_of(t).mesh;
+    return at::Tensor();
+  });
+  DTRAIN_ASSERT(mesh != nullptr, "the DTensor handler ran ", op_name(op), " without a DTensor argument");
+  detail::reporting_failures(mesh, [&] { handle_on(op, stack, mesh); });
 }
 
 // Reports whether `from`'s implementation may be copied into `self`'s (Tensor::set_data). A DTensor may

@@ -5,63 +5,42 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <atomic>
+#include <list>
+#include <map>
+#include <mutex>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/redistribute.h"
+#include "tensor/settings.h"
 #include "tensor/shard_math.h"
 
 namespace dtrain::tensor {
 
 namespace {
 
-// Constructs the storage-less impl; only the constructor needs the subclass (see dtensor.h).
+// Constructs the storage-less impl; only the constructor needs the subclass (see dtensor.h). Its sizes and
+// strides are the global tensor's, as libtorch would lay it out on one process: functions of global metadata
+// only, never of this rank's block, so that every decision libtorch takes from them (is it contiguous, can it
+// be viewed) is the same on every rank.
 struct DTensorImpl : c10::TensorImpl {
-  DTensorImpl(const at::Tensor& local, const std::vector<int64_t>& global_shape)
+  DTensorImpl(const at::Tensor& local, c10::IntArrayRef global_shape, c10::IntArrayRef global_strides)
       : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()) {
     set_storage_access_should_throw();
-    // Strides: the block's own where the block is the whole tensor (Replicate and Partial), so that libtorch
-    // sees exactly the layout it would see on a plain tensor (what contiguous() copies, which views are
-    // legal); otherwise dense for the global shape with the dims in the order of the block's strides, so a
-    // transposed block (a weight's gradient from t()) reports transposed strides and autograd stores
-    // gradients in the parameter's layout.
-    const size_t n = global_shape.size();
-    if (local.sizes() == c10::IntArrayRef(global_shape)) {
-      set_sizes_and_strides(global_shape, local.strides());
-      return;
-    }
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    if (static_cast<size_t>(local.dim()) == n) {
-      auto ls = local.strides();
-      auto lz = local.sizes();
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        // size-1 dims carry no layout: they keep their place
-        if (lz[a] <= 1 || lz[b] <= 1) return false;
-        return ls[a] > ls[b];
-      });
-    }
-    std::vector<int64_t> strides(n, 1);
-    int64_t step = 1;
-    for (size_t k = n; k-- > 0;) {
-      strides[order[k]] = step;
-      step *= std::max<int64_t>(global_shape[order[k]], 1);
-    }
-    set_sizes_and_strides(global_shape, strides);
+    set_sizes_and_strides(global_shape, global_strides);
   }
 };
 
-// The planner's cache for meshes of `axes` axes, with the cost model of the profile named by
-// DTRAIN_COMM_PROFILE (written by `dtrain bench comm --profile FILE` on this machine), or the built-in
-// defaults while none is named. One cache per (axes, profile), so a changed variable takes effect.
+// The planner's cache for meshes of `axes` axes, with the cost model of the profile the settings name
+// (DTRAIN_COMM_PROFILE, written by `dtrain bench comm --profile FILE` on this machine), or the built-in
+// defaults while none is named. One cache per (axes, profile), so changed settings take effect.
 PlanCache& plan_cache(int axes) {
   static std::mutex mu;
   static std::map<std::pair<int, std::string>, std::unique_ptr<PlanCache>> caches;
-  const char* env = std::getenv("DTRAIN_COMM_PROFILE");
-  std::string profile = env != nullptr ? env : "";
+  std::string profile = settings().comm_profile;
   std::lock_guard<std::mutex> lock(mu);
   auto& c = caches[{axes, profile}];
   if (!c) {
@@ -83,13 +62,55 @@ const detail::DTensorMeta& meta(const at::Tensor& t, const char* who) {
 
 namespace detail {
 
+std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, c10::IntArrayRef order_by) {
+  const size_t n = sizes.size();
+  std::vector<size_t> order(n);  // outermost first
+  std::iota(order.begin(), order.end(), 0);
+  if (order_by.size() == n) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return order_by[a] > order_by[b]; });
+  }
+  std::vector<int64_t> strides(n, 1);
+  int64_t step = 1;
+  for (size_t k = n; k-- > 0;) {
+    strides[order[k]] = step;
+    step *= std::max<int64_t>(sizes[order[k]], 1);
+  }
+  return strides;
+}
+
+at::Tensor conform_layout(const at::Tensor& local, c10::IntArrayRef global_strides) {
+  if (local.numel() <= 1 || static_cast<size_t>(local.dim()) != global_strides.size()) return local;
+  std::vector<int64_t> want = dense_strides(local.sizes(), global_strides);
+  bool same = true;
+  for (int64_t d = 0; d < local.dim() && same; ++d) same = local.size(d) <= 1 || local.stride(d) == want[d];
+  if (same) return local;
+  return at::empty_strided(local.sizes(), want, local.options()).copy_(local);
+}
+
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
-                        std::vector<int64_t> global_shape) {
+                        std::vector<int64_t> global_shape, std::vector<int64_t> global_strides) {
   ensure_dispatch_registered();
-  at::Tensor t = at::detail::make_tensor<DTensorImpl>(local, global_shape);
+  if (global_strides.size() != global_shape.size()) global_strides = dense_strides(global_shape, {});
+  at::Tensor t = at::detail::make_tensor<DTensorImpl>(local, global_shape, global_strides);
   t.unsafeGetTensorImpl()->set_backend_meta(
       c10::make_intrusive<DTensorMeta>(std::move(local), std::move(mesh), std::move(placements)));
   return t;
+}
+
+}  // namespace detail
+
+namespace detail {
+
+uint64_t next_call_seq() {
+  static std::atomic<uint64_t> seq{0};
+  return ++seq;
+}
+
+void report_failure(const MeshPtr& mesh, uint64_t call_seq, const std::exception& e) {
+  const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+  mesh->group()->report_failure(str_cat("DTensor call ", call_seq),
+                                c10e != nullptr ? c10e->what_without_backtrace() : e.what());
 }
 
 }  // namespace detail
@@ -131,17 +152,25 @@ at::Tensor detail::from_local_raw(const at::Tensor& local, MeshPtr mesh, Placeme
   return detail::make_dtensor(local, std::move(mesh), std::move(placements), std::move(shape));
 }
 
-at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements, int src_rank) {
-  if (!mesh)
-    throw ValueError("distribute_tensor: the mesh is null. Pass a std::shared_ptr<const DeviceMesh>.");
+namespace {
+
+// distribute_tensor on a mesh already checked.
+at::Tensor distribute_on(const at::Tensor& full, MeshPtr mesh, Placements placements, int src_rank) {
   placements = check_placements("distribute_tensor", placements, full.dim(), mesh->ndim());
   at::Tensor t = full.contiguous().clone();
   mesh->group()->broadcast(t, {src_rank})->wait();
   at::Tensor block = local_block(t, mesh->shape(), placements, mesh->coordinate());
   return detail::make_dtensor(block, std::move(mesh), std::move(placements), full.sizes().vec());
 }
+}  // namespace
 
-const RedistributePlan& redistribute_plan(const at::Tensor& t, const Placements& placements) {
+at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements placements, int src_rank) {
+  if (!mesh)
+    throw ValueError("distribute_tensor: the mesh is null. Pass a std::shared_ptr<const DeviceMesh>.");
+  return detail::reporting_failures(mesh, [&] { return distribute_on(full, mesh, placements, src_rank); });
+}
+
+PlanPtr redistribute_plan(const at::Tensor& t, const Placements& placements) {
   const auto& m = meta(t, "redistribute");
   Placements to = check_placements("redistribute", placements, t.dim(), m.mesh->ndim());
   return plan_cache(m.mesh->ndim())
@@ -150,24 +179,108 @@ const RedistributePlan& redistribute_plan(const at::Tensor& t, const Placements&
 
 at::Tensor detail::redistribute_raw(const at::Tensor& t, const Placements& placements) {
   const auto& m = meta(t, "redistribute");
-  const RedistributePlan& plan = redistribute_plan(t, placements);
+  const PlanPtr held = redistribute_plan(t, placements);
+  const RedistributePlan& plan = *held;
   at::Tensor local = run_redistribute(m.local, *m.mesh, plan);
-  return detail::make_dtensor(local, m.mesh, plan.problem.to, t.sizes().vec());
+  // The values keep their global layout; a block the collectives made afresh follows it.
+  if (!plan.steps.empty()) local = conform_layout(local, t.strides());
+  return detail::make_dtensor(local, m.mesh, plan.problem.to, t.sizes().vec(), t.strides().vec());
+}
+
+namespace {
+
+// The process-wide cache of redistributed copies (policy: detail::redistributed_local), least recently used
+// last.
+struct CopyCache {
+  struct Entry {
+    const detail::DTensorMeta* owner;
+    Placements placements;
+    uint32_t version, local_version;
+    at::Tensor local;
+    int64_t bytes;
+  };
+  std::mutex mu;
+  std::list<Entry> entries;  // guarded by mu
+  std::map<std::pair<const detail::DTensorMeta*, Placements>, std::list<Entry>::iterator> index;  // guarded
+  int64_t bytes = 0;  // guarded by mu
+
+  void erase(std::list<Entry>::iterator it) {
+    bytes -= it->bytes;
+    index.erase({it->owner, it->placements});
+    entries.erase(it);
+  }
+};
+
+CopyCache& copy_cache() {
+  static auto* c = new CopyCache;  // never destroyed: DTensors may die after static destruction starts
+  return *c;
+}
+
+thread_local bool t_no_cache = false;
+
+int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
+
+}  // namespace
+
+detail::DTensorMeta::~DTensorMeta() {
+  CopyCache& c = copy_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.index.empty()) return;
+  for (auto it = c.index.lower_bound({this, Placements{}}); it != c.index.end() && it->first.first == this;) {
+    auto entry = it->second;
+    ++it;
+    c.erase(entry);
+  }
 }
 
 at::Tensor detail::redistributed_local(const at::Tensor& t, const Placements& placements) {
   const auto& m = meta(t, "redistribute");
-  if (t.is_inference() || m.local.is_inference()) return to_local_raw(redistribute_raw(t, placements));
+  const int64_t budget = settings().cache_bytes;
+  if (t_no_cache || budget <= 0 || t.is_inference() || m.local.is_inference()) {
+    return to_local_raw(redistribute_raw(t, placements));
+  }
   uint32_t v = t.unsafeGetTensorImpl()->version_counter().current_version();
   uint32_t lv = m.local.unsafeGetTensorImpl()->version_counter().current_version();
-  auto it = m.redistributed.find(placements);
-  if (it != m.redistributed.end() && it->second.version == v && it->second.local_version == lv) {
-    return it->second.local;
+  CopyCache& c = copy_cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.index.find({&m, placements});
+    if (it != c.index.end()) {
+      if (it->second->version == v && it->second->local_version == lv) {
+        c.entries.splice(c.entries.begin(), c.entries, it->second);
+        return it->second->local;
+      }
+      c.erase(it->second);  // stale: the tensor changed since
+    }
   }
   at::Tensor local = to_local_raw(redistribute_raw(t, placements));
-  m.redistributed[placements] = {v, lv, local};
+  const int64_t bytes = bytes_of(local);
+  if (bytes > budget) return local;
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.index.count({&m, placements})) return local;  // another thread kept one meanwhile
+  while (!c.entries.empty() && c.bytes + bytes > budget) c.erase(std::prev(c.entries.end()));
+  c.entries.push_front({&m, placements, v, lv, local, bytes});
+  c.index[{&m, placements}] = c.entries.begin();
+  c.bytes += bytes;
   return local;
 }
+
+int64_t redistribute_cache_bytes() {
+  CopyCache& c = copy_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.bytes;
+}
+
+void clear_redistribute_cache() {
+  CopyCache& c = copy_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.entries.clear();
+  c.index.clear();
+  c.bytes = 0;
+}
+
+NoRedistributeCache::NoRedistributeCache() : previous_(t_no_cache) { t_no_cache = true; }
+NoRedistributeCache::~NoRedistributeCache() { t_no_cache = previous_; }
 
 LocalChunk DTensorSpec::local_chunk() const {
   return tensor::local_chunk(shape, mesh->shape(), placements, mesh->coordinate());

@@ -59,7 +59,24 @@ const Placements& placements_of(const at::Tensor& dtensor);
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements);
 // The whole tensor on every rank, as a plain tensor. Collective.
 at::Tensor full_tensor(const at::Tensor& dtensor);
+// The redistributed copies DTensor keeps for reuse (see detail::redistributed_local for the policy): their
+// bytes, and a way to free them all. Thread-safe.
+int64_t redistribute_cache_bytes();
+void clear_redistribute_cache();
+// While alive, no redistributed copy is kept for reuse on this thread (each use redistributes afresh and the
+// copy is freed with its last user).
+class NoRedistributeCache {
+ public:
+  NoRedistributeCache();
+  ~NoRedistributeCache();
+  NoRedistributeCache(const NoRedistributeCache&) = delete;
+  NoRedistributeCache& operator=(const NoRedistributeCache&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // The plan redistribute() would run, for explain().
-const RedistributePlan& redistribute_plan(const at::Tensor& dtensor, const Placements& placements);
+PlanPtr redistribute_plan(const at::Tensor& dtensor, const Placements& placements);
 
 }  // namespace dtrain::tensor

@@ -4,6 +4,8 @@
 // the gradient's block, and to_local's backward wraps the block's gradient with the DTensor's placements.
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "core/error.h"
+#include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
 
 namespace dtrain::tensor {
@@ -54,10 +56,19 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   }
 };
 
+// from_local's parts: the tensor is the reduction of the ranks' blocks over each Partial axis, so a block's
+// gradient is the tensor's gradient (sum), divided by the axis's size (avg). Through max and min it would go
+// only where the extreme came from: not supported (from_local refuses it).
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, MeshPtr mesh,
                             const Placements& placements, const std::optional<std::vector<int64_t>>& shape) {
     ctx->saved_data["placements"] = encode(placements);
+    int64_t avg_parts = 1;
+    for (size_t a = 0; a < placements.size(); ++a) {
+      if (placements[a].is_partial() && placements[a].op == ReduceOp::kAvg)
+        avg_parts *= mesh->size(static_cast<int>(a));
+    }
+    ctx->saved_data["avg_parts"] = avg_parts;
     return detail::from_local_raw(local, std::move(mesh), placements, shape);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -66,6 +77,8 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
       g = detail::to_local_raw(
           detail::redistribute_raw(g, grad_placements(decode(ctx->saved_data["placements"]))));
     }
+    const int64_t avg_parts = ctx->saved_data["avg_parts"].toInt();
+    if (avg_parts > 1 && g.defined()) g = g / static_cast<double>(avg_parts);
     return {g, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -88,16 +101,33 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
 }  // namespace
 
 at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
-  if (!t.requires_grad() || !at::GradMode::is_enabled()) return detail::redistribute_raw(t, placements);
-  return RedistributeFn::apply(t, placements);
+  if (!is_dtensor(t)) return detail::redistribute_raw(t, placements);  // its error names the problem
+  return detail::reporting_failures(mesh_of(t), [&] {
+    if (!t.requires_grad() || !at::GradMode::is_enabled()) return detail::redistribute_raw(t, placements);
+    return RedistributeFn::apply(t, placements);
+  });
 }
 
 at::Tensor from_local(const at::Tensor& local, MeshPtr mesh, Placements placements,
                       std::optional<std::vector<int64_t>> global_shape) {
-  if (!local.requires_grad() || !at::GradMode::is_enabled()) {
+  if (!mesh)
     return detail::from_local_raw(local, std::move(mesh), std::move(placements), std::move(global_shape));
-  }
-  return FromLocalFn::apply(local, std::move(mesh), placements, global_shape);
+  return detail::reporting_failures(mesh, [&] {
+    if (!local.requires_grad() || !at::GradMode::is_enabled()) {
+      return detail::from_local_raw(local, mesh, placements, global_shape);
+    }
+    for (const Placement& p : placements) {
+      if (p.is_partial() && (p.op == ReduceOp::kMax || p.op == ReduceOp::kMin)) {
+        throw NotSupportedError(str_cat(
+            rank_prefix(), " from_local: a block that requires grad cannot be wrapped as ",
+            to_string(placements), ": the gradient through ", p.to_string(),
+            " would go only to the rank holding the extreme value, which dtrain does not compute. Wrap it as "
+            "Partial(sum) or Partial(avg), reduce it first (redistribute to Replicate), or detach the "
+            "block."));
+      }
+    }
+    return FromLocalFn::apply(local, mesh, placements, global_shape);
+  });
 }
 
 at::Tensor to_local(const at::Tensor& t) {

@@ -209,12 +209,22 @@ RedistributePlan naive_plan(const RedistributeProblem& p, const CostModel& model
   return plan;
 }
 
-const RedistributePlan& PlanCache::get(const RedistributeProblem& problem) {
+PlanPtr PlanCache::get(const RedistributeProblem& problem) {
   Key key{problem.shape, problem.element_size, problem.mesh_shape, problem.from, problem.to};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(key);
-  if (it == plans_.end()) it = plans_.emplace(key, plan_redistribute(problem, model_)).first;
-  return it->second;
+  if (it != plans_.end()) {
+    recent_.splice(recent_.begin(), recent_, it->second.second);
+    return it->second.first;
+  }
+  auto plan = std::make_shared<const RedistributePlan>(plan_redistribute(problem, model_));
+  if (plans_.size() >= capacity_) {
+    plans_.erase(recent_.back());
+    recent_.pop_back();
+  }
+  recent_.push_front(key);
+  plans_.emplace(std::move(key), std::make_pair(plan, recent_.begin()));
+  return plan;
 }
 
 size_t PlanCache::size() const {

@@ -14,8 +14,11 @@
 // The innermost rule keeps nested shards of one dim contiguous, so every step moves whole local blocks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -66,19 +69,28 @@ RedistributePlan plan_redistribute(const RedistributeProblem& problem, const Cos
 // axis order. Every plan costs at most this.
 RedistributePlan naive_plan(const RedistributeProblem& problem, const CostModel& model);
 
-// Plans keyed by (shape, element size, mesh shape, from, to). Thread-safe. One cache per cost model.
+using PlanPtr = std::shared_ptr<const RedistributePlan>;
+
+// Plans keyed by (shape, element size, mesh shape, from, to), at most `capacity` of them: past it the least
+// recently used plan is dropped (dynamic shapes would otherwise grow the cache without bound). A plan handed
+// out stays valid while its holder keeps it. Thread-safe. One cache per cost model.
 class PlanCache {
  public:
-  explicit PlanCache(CostModel model) : model_(std::move(model)) {}
-  const RedistributePlan& get(const RedistributeProblem& problem);
+  static constexpr size_t kDefaultCapacity = 4096;
+  explicit PlanCache(CostModel model, size_t capacity = kDefaultCapacity)
+      : model_(std::move(model)), capacity_(std::max<size_t>(capacity, 1)) {}
+  PlanPtr get(const RedistributeProblem& problem);
   size_t size() const;
+  size_t capacity() const { return capacity_; }
   const CostModel& model() const { return model_; }
 
  private:
   using Key = std::tuple<std::vector<int64_t>, int64_t, std::vector<int64_t>, Placements, Placements>;
   CostModel model_;
+  size_t capacity_;
   mutable std::mutex mu_;
-  std::map<Key, RedistributePlan> plans_;  // guarded by mu_; node-based, so returned references stay valid
+  std::list<Key> recent_;  // guarded by mu_; most recently used first
+  std::map<Key, std::pair<PlanPtr, std::list<Key>::iterator>> plans_;  // guarded by mu_
 };
 
 }  // namespace dtrain::tensor

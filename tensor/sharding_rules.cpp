@@ -1,6 +1,10 @@
 // The rule registry: every family adds its ops once (see sharding_rules.h and tensor/rules/).
 #include "tensor/sharding_rules.h"
 
+#include <algorithm>
+
+#include "core/error.h"
+
 namespace dtrain::tensor {
 
 namespace rules {
@@ -15,7 +19,16 @@ std::vector<AxisStrategy> identity_options(size_t ndim, size_t n_inputs) {
   return s;
 }
 
-int64_t norm_dim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
+int64_t norm_dim(int64_t d, int64_t ndim) {
+  // Rules read dims before libtorch's kernel validates them: check here, so bad input is a ValueError on
+  // every rank rather than an out-of-bounds read.
+  const int64_t n = std::max<int64_t>(ndim, 1);  // a 0-d tensor takes dim 0 or -1, as in libtorch
+  if (d < -n || d >= n) {
+    throw ValueError(str_cat("dim ", d, " is out of range for a tensor of ", ndim, " dims (valid: ", -n,
+                             " to ", n - 1, "). Pass a dim in that range."));
+  }
+  return d < 0 ? d + n : d;
+}
 
 }  // namespace rules
 
@@ -31,14 +44,6 @@ const RuleSpec* find_rule(const std::string& op, bool pointwise) {
   }();
   auto it = table.find(op);
   if (it != table.end()) return &it->second;
-  // An out= overload ("aten::mm.out", "aten::mul.out") shares its functional form's rule.
-  auto dot = op.rfind('.');
-  if (dot != std::string::npos && op.find("out", dot) != std::string::npos) {
-    for (const std::string& name : {op.substr(0, dot), op.substr(0, dot) + ".Tensor"}) {
-      it = table.find(name);
-      if (it != table.end()) return &it->second;
-    }
-  }
   if (pointwise) return &rules::pointwise_spec();
   return nullptr;
 }

@@ -80,7 +80,8 @@ struct RuleSpec {
 using RuleTable = std::map<std::string, RuleSpec>;
 
 // The rule for an op ("aten::mm", "aten::sum.dim_IntList", ...), or nullptr. `pointwise` says whether the op
-// carries the pointwise tag (one rule serves them all).
+// carries the pointwise tag (one rule serves them all). An out= op is looked up by its functional form's name
+// (the handler finds it from the schema).
 const RuleSpec* find_rule(const std::string& op, bool pointwise);
 
 // The families (tensor/rules/*.cpp) add their ops to the table.
@@ -92,6 +93,7 @@ void add_shape(RuleTable& t);      // view/reshape, transpose, permute, (un)sque
 void add_nn(RuleTable& t);         // layer_norm, embedding
 // Helpers shared by the families.
 std::vector<AxisStrategy> identity_options(size_t ndim, size_t n_inputs = 1);
+// `d` in [0, ndim): a negative dim counts from the end. ValueError when it is out of range.
 int64_t norm_dim(int64_t d, int64_t ndim);
 const RuleSpec& pointwise_spec();
 }  // namespace rules

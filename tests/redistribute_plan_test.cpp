@@ -113,11 +113,37 @@ TEST(RedistributePlan, CheaperAxisIsPreferredWhenTheModelSaysSo) {
 
 TEST(RedistributePlan, CacheReturnsTheSamePlan) {
   PlanCache cache(CostModel::defaults(1));
-  const RedistributePlan& a = cache.get(problem({3}, {Shard(0)}, {Replicate()}));
-  const RedistributePlan& b = cache.get(problem({3}, {Shard(0)}, {Replicate()}));
-  EXPECT_EQ(&a, &b);
+  PlanPtr a = cache.get(problem({3}, {Shard(0)}, {Replicate()}));
+  PlanPtr b = cache.get(problem({3}, {Shard(0)}, {Replicate()}));
+  EXPECT_EQ(a.get(), b.get());
   cache.get(problem({3}, {Shard(1)}, {Replicate()}));
   EXPECT_EQ(cache.size(), 2u);
+}
+
+// Dynamic shapes: the cache keeps at most its capacity, dropping the least recently used plan; a plan still
+// held stays valid after it was dropped.
+TEST(RedistributePlan, CacheIsBoundedLeastRecentlyUsedFirst) {
+  PlanCache cache(CostModel::defaults(1), 8);
+  RedistributeProblem first = problem({3}, {Shard(0)}, {Replicate()});
+  PlanPtr held = cache.get(first);
+  for (int64_t rows = 10; rows < 200; ++rows) {
+    RedistributeProblem p = first;
+    p.shape[0] = rows;
+    cache.get(p);
+    EXPECT_LE(cache.size(), 8u);
+  }
+  EXPECT_EQ(cache.size(), 8u);
+  EXPECT_EQ(held->problem.shape, first.shape);    // still readable
+  EXPECT_NE(cache.get(first).get(), held.get());  // dropped and planned afresh
+  // The most recently used plan survives new entries.
+  PlanPtr recent = cache.get(first);
+  for (int64_t rows = 300; rows < 306; ++rows) {
+    RedistributeProblem p = first;
+    p.shape[0] = rows;
+    cache.get(p);
+    cache.get(first);
+  }
+  EXPECT_EQ(cache.get(first).get(), recent.get());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
+#include "tensor/settings.h"
 #include "tensor/shard_math.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
@@ -45,7 +46,7 @@ void check_all_pairs(const mesh::DeviceMesh& m, const std::vector<tensor::Placem
     if (mixes_partials(from)) continue;
     for (const Placements& to : all) {
       if (mixes_partials(to)) continue;
-      const RedistributePlan& plan = cache.get({shape, 8, m.shape(), from, to});
+      const RedistributePlan& plan = *cache.get({shape, 8, m.shape(), from, to});
       std::vector<IssuedCollective> issued;
       at::Tensor out = run_redistribute(block_of(g, m, from), m, plan, &issued);
       std::string what =
@@ -61,7 +62,7 @@ void check_all_pairs(const mesh::DeviceMesh& m, const std::vector<tensor::Placem
       if (!has_partial) {
         check_equal(what, out, local_block(g, m.shape(), to, m.coordinate()));
       } else {  // a Partial result is checked through its reduction
-        at::Tensor full = run_redistribute(out, m, cache.get({shape, 8, m.shape(), to, replicated}));
+        at::Tensor full = run_redistribute(out, m, *cache.get({shape, 8, m.shape(), to, replicated}));
         check_equal(what + " (reduced)", full, g);
       }
     }
@@ -128,17 +129,21 @@ void suite_dtensor(const comm::BackendPtr& world) {
     std::string path = str_cat("/tmp/dtrain_profile_", getpid(), ".json");
     CommProfile slow{"gloo", ws, {{"all_gather", AlphaBeta{1.0, 1e-9}}}};
     write_profile(path, slow);
-    double by_default = redistribute_plan(a, {Replicate()}).seconds;
-    setenv("DTRAIN_COMM_PROFILE", path.c_str(), 1);
-    double by_profile = redistribute_plan(a, {Replicate()}).seconds;
-    setenv("DTRAIN_COMM_PROFILE", "/nonexistent/profile.json", 1);
+    const DTensorSettings before = settings();
+    double by_default = redistribute_plan(a, {Replicate()})->seconds;
+    DTensorSettings with = before;
+    with.comm_profile = path;
+    set_settings(with);
+    double by_profile = redistribute_plan(a, {Replicate()})->seconds;
+    with.comm_profile = "/nonexistent/profile.json";
+    set_settings(with);
     std::string error;
     try {
       redistribute_plan(a, {Replicate()});
     } catch (const ValueError& e) {
       error = e.what();
     }
-    unsetenv("DTRAIN_COMM_PROFILE");
+    set_settings(before);
     std::remove(path.c_str());
     ++g_checks;
     if (!(by_default < 0.5 && by_profile >= 1.0) ||
@@ -169,7 +174,10 @@ void suite_dtensor(const comm::BackendPtr& world) {
   // cumsum has no rule: gathered, correct, Replicate; strict mode refuses it.
   at::Tensor cs = at::cumsum(a, 0);
   check_equal("cumsum through the gather fallback", full_tensor(cs), at::cumsum(g + 2, 0));
-  setenv("DTRAIN_DTENSOR_STRICT", "1", 1);
+  const DTensorSettings loose = settings();
+  DTensorSettings strict = loose;
+  strict.strict = true;
+  set_settings(strict);
   ++g_checks;
   try {
     at::cumsum(a, 0);
@@ -179,7 +187,7 @@ void suite_dtensor(const comm::BackendPtr& world) {
       g_failures += str_cat("FAIL strict message: ", e.what(), "\n");
     }
   }
-  unsetenv("DTRAIN_DTENSOR_STRICT");
+  set_settings(loose);
   // Gradients flow through from_local, redistribute and to_local (each backward is its dual).
   {
     at::Tensor wfull = (at::arange(35, at::kDouble).view({7, 5}) % 4) - 1;

@@ -3,8 +3,6 @@
 
 #include <c10/core/TensorImpl.h>
 
-#include <map>
-
 #include "tensor/dtensor.h"
 
 namespace dtrain::tensor::detail {
@@ -12,6 +10,7 @@ namespace dtrain::tensor::detail {
 struct DTensorMeta : c10::BackendMeta {
   DTensorMeta(at::Tensor local, MeshPtr mesh, Placements placements)
       : local(std::move(local)), mesh(std::move(mesh)), placements(std::move(placements)) {}
+  ~DTensorMeta() override;  // drops this tensor's redistributed copies (see redistributed_local)
   // set_data()/detach() copy the metadata: the copy shares the same local block, as a detached tensor shares
   // storage.
   c10::intrusive_ptr<c10::BackendMeta> clone(const c10::intrusive_ptr<c10::BackendMeta>&) const override {
@@ -21,28 +20,49 @@ struct DTensorMeta : c10::BackendMeta {
   at::Tensor local;
   MeshPtr mesh;
   Placements placements;
-
-  // Blocks of this tensor already redistributed for some op, reused while neither the DTensor nor its block
-  // changed (both version counters): an optimizer reading a Partial gradient in three ops reduces it once.
-  struct Cached {
-    uint32_t version, local_version;
-    at::Tensor local;
-  };
-  mutable std::map<Placements, Cached> redistributed;
 };
 
-// Builds a DTensor from parts already checked.
+// Builds a DTensor from parts already checked. `global_strides` are the strides libtorch would give the
+// global tensor (computed from global metadata only, the same on every rank); empty: contiguous.
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
-                        std::vector<int64_t> global_shape);
+                        std::vector<int64_t> global_shape, std::vector<int64_t> global_strides = {});
+// Dense strides for `sizes` with the dims ordered as `order_by`'s strides order them (outermost = largest;
+// ties keep dim order); `order_by` empty: contiguous.
+std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, c10::IntArrayRef order_by);
+// `local`, or a dense copy of it laid out in the dim order of `global_strides` when its own layout differs
+// (size-1 dims carry no layout), so that a block is viewable wherever its DTensor is.
+at::Tensor conform_layout(const at::Tensor& local, c10::IntArrayRef global_strides);
 // The non-differentiable cores of to_local, from_local and redistribute (dtensor.cpp); the public functions
 // wrap them in autograd functions (dtensor_autograd.cpp).
 at::Tensor to_local_raw(const at::Tensor& dtensor);
 at::Tensor from_local_raw(const at::Tensor& local, MeshPtr mesh, Placements placements,
                           std::optional<std::vector<int64_t>> global_shape);
 at::Tensor redistribute_raw(const at::Tensor& dtensor, const Placements& placements);
-// The block of `dtensor` under `placements`, from the cache above when still valid. Do not write to the
-// result.
+// The block of `dtensor` under `placements`, reusing a copy made earlier while it is still valid. Do not
+// write to the result. The copies kept for reuse (an optimizer reading a Partial gradient in three ops
+// reduces it once; an activation read as Replicate by q, k and v is gathered once) follow one policy:
+// - a copy serves only while neither the DTensor nor its block changed (their version counters);
+// - at most settings().cache_bytes of copies are kept in the process (DTRAIN_DTENSOR_CACHE_MB, default 64):
+//   past that the least recently used go first, and a larger copy is not kept;
+// - a DTensor's copies are freed with it, and all of them by clear_redistribute_cache();
+// - under a NoRedistributeCache guard nothing is kept (a sharded parameter's gathered copy must be freed
+//   right after use).
 at::Tensor redistributed_local(const at::Tensor& dtensor, const Placements& placements);
+// Runs `f`. An exception escaping it is first posted to every rank of the job (Backend::report_failure,
+// tagged with this call's sequence number among DTensor calls), so that ranks waiting in a collective raise
+// it within a fraction of a second instead of at their timeout; then it propagates.
+uint64_t next_call_seq();
+void report_failure(const MeshPtr& mesh, uint64_t call_seq, const std::exception& e);
+template <typename F>
+decltype(auto) reporting_failures(const MeshPtr& mesh, F&& f) {
+  const uint64_t seq = next_call_seq();
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    report_failure(mesh, seq, e);
+    throw;
+  }
+}
 // Registers the dispatcher handler once (tensor/dispatch.cpp).
 void ensure_dispatch_registered();
 // Test-only: how many op calls so far fell back to gathering their inputs.

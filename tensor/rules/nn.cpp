@@ -15,6 +15,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 #include "tensor/shard_math.h"
 #include "tensor/sharding_rules.h"
 
@@ -22,11 +24,25 @@ namespace dtrain::tensor::rules {
 
 namespace {
 
+// The first normalised dim of `x`. ValueError when `normalized` is not x's trailing dims (checked before any
+// index is read; libtorch's kernel would say the same, but only after the rule ran).
+int64_t normalized_axis(const std::vector<int64_t>& x, const std::vector<int64_t>& normalized) {
+  if (normalized.empty() || normalized.size() > x.size() ||
+      !std::equal(normalized.begin(), normalized.end(),
+                  x.end() - static_cast<std::ptrdiff_t>(normalized.size()))) {
+    throw ValueError(str_cat("layer_norm: normalized_shape ", c10::IntArrayRef(normalized),
+                             " is not the trailing dims of an input of shape ", c10::IntArrayRef(x),
+                             ". Pass the input's last dims, e.g. ",
+                             x.empty() ? "[]" : str_cat("[", x.back(), "]"), "."));
+  }
+  return static_cast<int64_t>(x.size() - normalized.size());
+}
+
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 RuleResult layer_norm_rule(const RuleCall& c) {
   const size_t n = c.input_shapes.size();
   const auto& x = c.input_shapes[0];
-  const int64_t axis = static_cast<int64_t>(x.size() - (*c.args)[1].toIntVector().size());
+  const int64_t axis = normalized_axis(x, (*c.args)[1].toIntVector());
   std::vector<AxisStrategy> s{
       {std::vector<Placement>(n, Replicate()), std::vector<Placement>(3, Replicate())}};
   for (int64_t d = 0; d < axis; ++d) {
@@ -47,7 +63,7 @@ RuleResult layer_norm_backward_rule(const RuleCall& c) {
   const size_t n = c.input_shapes.size();
   const auto& x = c.input_shapes[1];
   std::vector<int64_t> normalized = (*c.args)[2].toIntVector();
-  const int64_t axis = static_cast<int64_t>(x.size() - normalized.size());
+  const int64_t axis = normalized_axis(x, normalized);
   std::vector<AxisStrategy> s{
       {std::vector<Placement>(n, Replicate()), std::vector<Placement>(3, Replicate())}};
   for (int64_t d = 0; d < axis; ++d) {

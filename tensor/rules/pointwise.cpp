@@ -9,7 +9,9 @@
 //     neg, mul/div by Scalar)
 //     mul, div (Tensor)        also one P(sum/avg) factor (the numerator for div), the others R -> P
 //   detach, clone, alias,      every placement to itself
-//     _to_copy, lift_fresh
+//     lift_fresh
+//   _to_copy                   every placement to itself, but a Partial only where the cast commutes with
+//                              its reduction (sum/avg: floating to floating; max/min: not to bool)
 //   *_like factories           R -> R, S(d) -> S(d), P -> R (only the shape is read)
 //   bernoulli_, uniform_,      in place, S(d) and R: the values of one global draw (every rank draws the
 //   whole
@@ -82,6 +84,28 @@ RuleResult product_rule(const RuleCall& c, bool numerator_only) {
 }
 
 RuleResult identity_rule(const RuleCall& c) { return identity_options(c.input_shapes[0].size()); }
+
+// _to_copy(x, dtype, ...): a cast keeps a Partial only where it commutes with the reduction: sum and avg
+// between floating types (casting 0.6 + 0.6 to an integer part by part gives 0, not 1), max and min through
+// any order-preserving cast (not to bool, whose x != 0 is not monotone).
+RuleResult to_copy_rule(const RuleCall& c) {
+  const auto& args = *c.args;
+  const at::ScalarType from = args[0].toTensor().scalar_type();
+  const at::ScalarType to = args.size() > 1 && args[1].isInt() ? args[1].toScalarType() : from;
+  auto floating = [](at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); };
+  std::vector<AxisStrategy> s;
+  for (AxisStrategy& o : identity_options(c.input_shapes[0].size())) {
+    const Placement& p = o.inputs[0];
+    if (p.is_partial()) {
+      const bool linear = p.op == ReduceOp::kSum || p.op == ReduceOp::kAvg;
+      const bool ok = linear ? floating(from) && floating(to)
+                             : to != at::kBool && !at::isComplexType(from) && !at::isComplexType(to);
+      if (!ok) continue;
+    }
+    s.push_back(std::move(o));
+  }
+  return s;
+}
 
 // R -> R and S(d) -> S(d) for one input, every output alike; no Partial.
 std::vector<AxisStrategy> unpartial_options(size_t ndim, size_t n_out) {
@@ -162,10 +186,10 @@ void add_pointwise(RuleTable& t) {
   for (const char* op : {"aten::div.Tensor", "aten::div_.Tensor"}) {
     t[op] = {[](const RuleCall& c) { return product_rule(c, true); }};
   }
-  for (const char* op :
-       {"aten::detach", "aten::_to_copy", "aten::clone", "aten::alias", "aten::lift_fresh"}) {
+  for (const char* op : {"aten::detach", "aten::clone", "aten::alias", "aten::lift_fresh"}) {
     t[op] = {identity_rule};
   }
+  t["aten::_to_copy"] = {to_copy_rule};
   for (const char* op : {"aten::ones_like", "aten::zeros_like", "aten::empty_like", "aten::full_like"}) {
     t[op] = {like_rule};
   }

@@ -6,7 +6,8 @@
 //                            before it unless keepdim); P(sum/avg) -> the same P
 //   mean(x[, dims])          as sum; a reduced S(d) -> P(sum) after scaling each block's mean by its share of
 //                            the count (exact for uneven shards)
-//   amax, amin               as sum, with P(max) / P(min) for a reduced S(d) and for P(max) / P(min) inputs
+//   amax, amin               as sum, with P(max) / P(min) for a reduced S(d) and for P(max) / P(min) inputs;
+//                            an empty block gives the reduction's identity (-inf / +inf)
 //   var(x, dims, ...)        R -> R; S(d) -> S(d') for a dim d that is not reduced
 //   softmax, log_softmax     R -> R; S(d) -> S(d) for every d but the normalised dim (same for their
 //   backward) nll_loss_forward         all R -> R; logits [N, C] and targets S(0) -> loss P(sum) (mean: each
@@ -15,6 +16,9 @@
 //   nll_loss_backward        grad R (mean, sum) or S(0) (none), logits and targets S(0), total weight R ->
 //   S(0)
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+
+#include <limits>
 
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/shard_math.h"
@@ -96,7 +100,33 @@ RuleResult mean_rule(const RuleCall& c, size_t dim_arg) {
 
 RuleResult amax_rule(const RuleCall& c, ReduceOp op) {
   auto [reduced, keepdim] = reduced_dims(c, 1, 2);
-  return reduction_options(reduced, keepdim, Partial(op), {op});
+  RuleResult r = reduction_options(reduced, keepdim, Partial(op), {op});
+  // A block with no elements along a reduced dim (more ranks than rows) holds the reduction's identity
+  // (-inf for max, +inf for min, the dtype's limits for integers), where libtorch's kernel would raise on
+  // that rank only.
+  r.run = [reduced = reduced, keepdim = keepdim, op](const c10::OperatorHandle& h, torch::jit::Stack& stack,
+                                                     const Choice&, const MeshPtr&) {
+    at::Tensor x = stack[0].toTensor();
+    bool empty = false;
+    for (size_t d = 0; d < reduced.size(); ++d) empty |= reduced[d] && x.size(static_cast<int64_t>(d)) == 0;
+    if (!empty) return h.callBoxed(&stack);
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < reduced.size(); ++d) {
+      if (!reduced[d]) shape.push_back(x.size(static_cast<int64_t>(d)));
+      if (reduced[d] && keepdim) shape.push_back(1);
+    }
+    at::Tensor out = at::empty(shape, x.options());
+    AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, x.scalar_type(), "reduction_identity",
+                               [&] {
+                                 using L = std::numeric_limits<scalar_t>;
+                                 const bool inf = L::has_infinity;
+                                 out.fill_(op == ReduceOp::kMax ? (inf ? -L::infinity() : L::lowest())
+                                                                : (inf ? L::infinity() : L::max()));
+                               });
+    stack.clear();
+    stack.emplace_back(out);
+  };
+  return r;
 }
 
 RuleResult var_rule(const RuleCall& c) {

@@ -5,18 +5,23 @@
 //   that
 //     _reshape_alias            the view merges or splits and d' the group's first output dim, when every
 //                               coordinate's block is exactly the output's block (checked over the mesh); the
-//                               block is reshaped to its own size (copied when not viewable)
+//                               block is viewed (never copied: libtorch's meta kernel has already refused a
+//                               view the global strides forbid), _unsafe_view reshapes
 //   expand                      R -> R; P -> P; S(d) -> S(d + new leading dims) where d is not broadcast
 //   t, transpose, permute       R -> R; P -> P; S(d) -> S(where d goes)
-//   unsqueeze, squeeze          R -> R; P -> P; S(d) -> S(d shifted), d not squeezed
+//   unsqueeze, squeeze          R -> R; P -> P; S(d) -> S(d shifted), d not squeezed; the block squeezes the
+//                               global tensor's size-1 dims, never its own
 //   split, split_with_sizes,    R -> R; P -> P; S(d) -> S(d') for d other than the split/sliced/selected dim
 //     unbind, slice, select
 //   cat, stack                  all R -> R; all P -> P; all S(d) -> S(d') for d other than the joined dim
 //   tril, triu (and in place)   R -> R; P -> P; S(d) -> S(d), the diagonal shifted by the block's offset
 #include <ATen/ATen.h>
+#include <ATen/TensorUtils.h>
 
 #include <numeric>
 
+#include "core/error.h"
+#include "core/log.h"
 #include "tensor/shard_math.h"
 #include "tensor/sharding_rules.h"
 
@@ -111,11 +116,26 @@ RuleResult view_rule(const RuleCall& c) {
     }
     return true;
   };
-  r.run = [out](const c10::OperatorHandle&, torch::jit::Stack& stack, const Choice& ch, const MeshPtr& mesh) {
+  // view and _reshape_alias are views of the block, as in libtorch (in-place writes through them reach the
+  // base); _unsafe_view reshapes a fresh copy, which may itself be copied.
+  r.run = [out](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice& ch,
+                const MeshPtr& mesh) {
     at::Tensor local = stack[0].toTensor();
     auto shape = local_chunk(out, mesh->shape(), ch.outputs[0], mesh->coordinate()).shape;
     stack.clear();
-    stack.emplace_back(local.reshape(shape));
+    if (op.schema().name() == "aten::_unsafe_view") {
+      stack.emplace_back(local.reshape(shape));
+      return;
+    }
+    if (!at::detail::computeStride(local.sizes(), local.strides(), shape)) {
+      throw NotSupportedError(str_cat(
+          rank_prefix(), " DTensor: ", op.schema().name(), ": this rank's block of shape ", local.sizes(),
+          " and strides ", local.strides(), " cannot be viewed as ", c10::IntArrayRef(shape),
+          ", although the DTensor's global layout allows it (the block was laid out differently, e.g. by "
+          "from_local() of a non-contiguous tensor). Call .contiguous() on the block before from_local(), or "
+          "use reshape()."));
+    }
+    stack.emplace_back(local.view(shape));
   };
   return r;
 }
@@ -172,16 +192,28 @@ RuleResult squeeze_rule(const RuleCall& c) {
   if (args.size() == 1) {
     for (int64_t d = 0; d < ndim; ++d) named.push_back(d);
   }
+  std::vector<int64_t> dims;  // the dims the global tensor loses
   for (int64_t d : named) {
-    d = norm_dim(d, std::max<int64_t>(ndim, 1));
-    if (d < ndim && in[d] == 1) removed[d] = true;
+    d = norm_dim(d, ndim);
+    if (d < ndim && in[d] == 1 && !removed[d]) {
+      removed[d] = true;
+      dims.push_back(d);
+    }
   }
-  return mapped_options(ndim, [&](int64_t d) {
+  RuleResult r = mapped_options(ndim, [&](int64_t d) {
     if (removed[d]) return int64_t{-1};
     int64_t before = 0;
     for (int64_t k = 0; k < d; ++k) before += removed[k];
     return d - before;
   });
+  // The block squeezes exactly the global tensor's dims: an uneven shard of one row (7 rows on 4 ranks)
+  // has a size-1 dim that the global tensor does not, and must keep it.
+  r.run = [dims](const c10::OperatorHandle&, torch::jit::Stack& stack, const Choice&, const MeshPtr&) {
+    at::Tensor local = stack[0].toTensor();
+    stack.clear();
+    stack.emplace_back(at::squeeze(local, dims));
+  };
+  return r;
 }
 
 // Ops along one dim (argument `dim_arg`): split, slice, select, unbind keep other dims' shards; select and
