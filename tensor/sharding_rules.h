@@ -75,6 +75,9 @@ using Rule = std::function<RuleResult(const RuleCall&)>;
 struct RuleSpec {
   Rule rule;
   bool gives_shapes = false;  // the rule sets RuleResult::output_shapes itself: no meta kernel call
+  // Run by the rule even when every input is Replicate (whose blocks otherwise run the op as they are):
+  // random ops, whose values come from DTensor's stream rather than each rank's generator.
+  bool always = false;
 };
 
 using RuleTable = std::map<std::string, RuleSpec>;

@@ -13,14 +13,16 @@
 //   _to_copy                   every placement to itself, but a Partial only where the cast commutes with
 //                              its reduction (sum/avg: floating to floating; max/min: not to bool)
 //   *_like factories           R -> R, S(d) -> S(d), P -> R (only the shape is read)
-//   bernoulli_, uniform_,      in place, S(d) and R: the values of one global draw (every rank draws the
-//   whole
-//     normal_ (random fills)   tensor from its generator, which the ranks share, and keeps its block), so a
-//                              sharded tensor gets its part of the mask a single process would have drawn
+//   bernoulli_, uniform_,      S(d) and R: this rank's block of one global draw from DTensor's own Philox
+//     normal_, rand_like,      stream (tensor/random.h), the same on every rank whatever its own seed; a
+//     randn_like               sharded tensor draws only its block
 //   native_dropout             as the fills: the global mask's block; R, S(d)
 #include <ATen/ATen.h>
 
+#include "core/error.h"
+#include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
+#include "tensor/random.h"
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
 #include "tensor/sharding_rules.h"
@@ -125,44 +127,74 @@ RuleResult like_rule(const RuleCall& c) {
   return s;
 }
 
-// Random ops: the op runs on a whole-size tensor (consuming the generator exactly as one process would), and
-// this rank keeps its block. In place (bernoulli_, ...) the block is written into the argument's; out of
-// place (rand_like, ...) it is the output.
+void refuse_generator(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  for (const c10::IValue& v : stack) {
+    if (v.isGenerator()) {
+      throw NotSupportedError(str_cat(
+          rank_prefix(), " DTensor: ", op.schema().name(),
+          " was given an explicit generator; random ops on DTensors draw from DTensor's own stream, the same "
+          "on every rank (dtrain::tensor::manual_seed). Leave the generator out."));
+    }
+  }
+}
+
+// Random ops: this rank's block of the values one process would draw for the global tensor, from DTensor's
+// stream (tensor/random.h). In place (bernoulli_, uniform_, normal_) the block is overwritten; out of place
+// (rand_like, randn_like) the op makes the block, then it is overwritten.
 RuleResult random_rule(const RuleCall& c) {
   RuleResult r = unpartial_options(c.input_shapes[0].size(), 1);
   std::vector<int64_t> shape = c.input_shapes[0];
   r.run = [shape](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice& choice,
                   const MeshPtr& mesh) {
-    at::Tensor local = stack[0].toTensor();
+    refuse_generator(op, stack);
+    const std::string& name = op.schema().name();
+    detail::RandomKind kind = detail::RandomKind::kUniform;
+    double a = 0, b = 1;
+    if (name == "aten::bernoulli_") {
+      kind = detail::RandomKind::kBernoulli;
+      a = stack[1].toDouble();
+    } else if (name == "aten::uniform_" || name == "aten::normal_") {
+      kind = name == "aten::normal_" ? detail::RandomKind::kNormal : detail::RandomKind::kUniform;
+      a = stack[1].toDouble();
+      b = stack[2].toDouble();
+    } else if (name == "aten::randn_like") {
+      kind = detail::RandomKind::kNormal;
+    }
     const auto* alias = op.schema().arguments()[0].alias_info();
-    bool in_place = alias != nullptr && alias->isWrite();
-    stack[0] = at::empty(shape, local.options());
-    op.callBoxed(&stack);
-    at::Tensor block =
-        local_block(stack.back().toTensor(), mesh->shape(), choice.outputs[0], mesh->coordinate());
-    stack.back() = in_place ? local.copy_(block) : block.contiguous();
+    at::Tensor out = stack[0].toTensor();
+    if (alias == nullptr || !alias->isWrite()) {
+      op.callBoxed(&stack);  // allocates the block with the op's dtype and layout
+      out = stack.back().toTensor();
+    }
+    auto chunk = local_chunk(shape, mesh->shape(), choice.outputs[0], mesh->coordinate());
+    detail::random_fill(out, shape, chunk.offset, mesh, kind, a, b);
+    stack.clear();
+    stack.emplace_back(out);
   };
   return r;
 }
 
-// native_dropout(input, p, train) -> (output, mask): the mask is the block of the one a single process would
-// draw for the whole tensor; output = input * mask * 1/(1-p), as libtorch computes it.
+// native_dropout(input, p, train) -> (output, mask): the mask is this rank's block of the one mask drawn for
+// the global tensor (kept with probability 1 - p); output = input * mask / (1 - p), as libtorch computes it.
 RuleResult dropout_rule(const RuleCall& c) {
   RuleResult r = unpartial_options(c.input_shapes[0].size(), 2);
   std::vector<int64_t> shape = c.input_shapes[0];
   r.output_shapes = {shape, shape};
-  r.run = [shape](const c10::OperatorHandle& op, torch::jit::Stack& stack, const Choice& choice,
+  r.run = [shape](const c10::OperatorHandle&, torch::jit::Stack& stack, const Choice& choice,
                   const MeshPtr& mesh) {
     at::Tensor local = stack[0].toTensor();
     double p = stack[1].toDouble();
     bool train = stack.size() < 3 || stack[2].isNone() || stack[2].toBool();
-    stack[0] = at::ones(shape, local.options());
-    op.callBoxed(&stack);  // (whole output, whole mask)
-    at::Tensor mask = local_block(stack[1].toTensor(), mesh->shape(), choice.outputs[1], mesh->coordinate());
+    at::Tensor keep = at::ones(local.sizes(), local.options().dtype(at::kFloat));
+    if (train) {
+      auto chunk = local_chunk(shape, mesh->shape(), choice.outputs[1], mesh->coordinate());
+      detail::random_fill(keep, shape, chunk.offset, mesh, detail::RandomKind::kBernoulli, 1.0 - p, 0);
+    }
+    at::Tensor mask = keep.to(at::kBool);
     double scale = !train ? 1.0 : p >= 1 ? 0.0 : 1.0 / (1.0 - p);
-    at::Tensor out = local.mul(mask).mul_(scale);
-    stack[0] = out;
-    stack[1] = mask.contiguous();
+    stack.clear();
+    stack.emplace_back(local.mul(mask).mul_(scale));
+    stack.emplace_back(mask);
   };
   return r;
 }
@@ -195,9 +227,9 @@ void add_pointwise(RuleTable& t) {
   }
   for (const char* op :
        {"aten::bernoulli_.float", "aten::uniform_", "aten::normal_", "aten::rand_like", "aten::randn_like"}) {
-    t[op] = {random_rule};
+    t[op] = {random_rule, false, true};
   }
-  t["aten::native_dropout"] = {dropout_rule, true};
+  t["aten::native_dropout"] = {dropout_rule, true, true};
 }
 
 }  // namespace dtrain::tensor::rules
