@@ -40,6 +40,22 @@ bool Work::is_completed() {
   }
 }
 
+std::exception_ptr Work::engine_error(const std::string& what,
+                                      const std::function<std::string()>& diagnosis) {
+  // A peer that failed and exited closes its connections: when it posted its error first, that error is
+  // the cause to report.
+  if (info_.abort_reason) {
+    if (auto why = info_.abort_reason()) {
+      return std::make_exception_ptr(
+          CommError(str_cat(describe(info_), " aborted: ", *why, " (the engine then reported: ", what, ")")));
+    }
+  }
+  std::string diag = diagnosis();
+  return std::make_exception_ptr(
+      CommError(str_cat(describe(info_), " failed while waiting for ranks ", peers_str(info_.peers), ": ",
+                        what, diag.empty() ? "" : " ", diag)));
+}
+
 void Work::wait_impl(Clock::time_point deadline) {
   if (error_) std::rethrow_exception(error_);
   if (done_) return;
@@ -47,7 +63,7 @@ void Work::wait_impl(Clock::time_point deadline) {
   // hosts the store may already be gone (it timed out too), and the snapshot still names the missing ranks.
   const auto snapshot_margin = std::min<Clock::duration>(std::chrono::seconds(1), info_.timeout / 4);
   std::optional<std::string> snapshot;
-  auto diagnosis = [&]() -> std::string {
+  std::function<std::string()> diagnosis = [&]() -> std::string {
     if (!info_.diagnose) return "";
     std::optional<std::string> now = info_.diagnose();
     if (now) return *now;
@@ -80,15 +96,9 @@ void Work::wait_impl(Clock::time_point deadline) {
   } catch (const Error& e) {
     error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " failed: ", e.what())));
   } catch (const c10::Error& e) {
-    std::string diag = diagnosis();
-    error_ = std::make_exception_ptr(
-        CommError(str_cat(describe(info_), " failed while waiting for ranks ", peers_str(info_.peers), ": ",
-                          e.what_without_backtrace(), diag.empty() ? "" : " ", diag)));
+    error_ = engine_error(e.what_without_backtrace(), diagnosis);
   } catch (const std::exception& e) {
-    std::string diag = diagnosis();
-    error_ = std::make_exception_ptr(
-        CommError(str_cat(describe(info_), " failed while waiting for ranks ", peers_str(info_.peers), ": ",
-                          e.what(), diag.empty() ? "" : " ", diag)));
+    error_ = engine_error(e.what(), diagnosis);
   }
   if (!error_ && !finished) {
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - info_.issued);

@@ -65,6 +65,8 @@ class Work {
 
  private:
   void wait_impl(Clock::time_point deadline);
+  // The CommError for an engine error `what`: a failure a peer posted first, else `what` and the diagnosis.
+  std::exception_ptr engine_error(const std::string& what, const std::function<std::string()>& diagnosis);
   void run_steps();
   OpInfo info_;
   std::vector<std::function<void()>> steps_;
