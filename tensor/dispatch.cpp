@@ -1,5 +1,6 @@
 // The DTensor dispatcher handler (DESIGN §4, "Transparent execution"): every aten op on a DTensor reaches
-// handle() through the PrivateUse1 fallback, and through per-op kernels on the ops whose
+// handle() through the fallback of DTensor's dispatch key (kDTensorKey, PrivateUse1 unless the build says
+// otherwise), and through per-op kernels on the ops whose
 // CompositeExplicitAutograd kernels would otherwise run first and allocate global-size plain tensors.
 //
 //   inputs                                             what runs                       outputs
@@ -133,7 +134,7 @@ struct DecisionCheck {
     if (!decisions && plain == 0) return;
     std::string what;
     if (decisions) {
-      what = decision;
+      what = op_name(op) + ": " + decision;
       for (const auto& [i, t] : dts) what += " | " + describe_arg(t);
     }
     const auto& group = mesh->group();
@@ -616,9 +617,11 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
   bool in_place_self = n_written == 1 && dts[0].first == base && schema.returns().size() == 1 &&
                        schema.arguments()[0].alias_info() != nullptr &&
                        schema.arguments()[0].alias_info()->isWrite();
-  if ((!writes || in_place_self) && plain_only_scalars && !all_rep) {
+  if ((!writes || in_place_self) && plain_only_scalars) {
     const RuleSpec* rule = rule_of(op);
-    if (rule && run_with_rule(op, stack, *rule, dts, mesh, in_place_self, check)) return;
+    if (rule && (!all_rep || rule->always) &&
+        run_with_rule(op, stack, *rule, dts, mesh, in_place_self, check))
+      return;
   }
   // out= ops (one written keyword argument `out`, a DTensor, returned): by the rule of the op's functional
   // form, the out DTensor taking the result.
@@ -723,31 +726,41 @@ bool compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&handle>()); }
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type);
-}
-
 namespace detail {
 
 int64_t gather_count() { return g_gathers.load(); }
 
 void ensure_dispatch_registered() {
-  // The fallback alone loses to CompositeExplicitAutograd kernels (they would run on the DTensor itself and
-  // allocate global-size plain outputs), so the handler is registered on each such aten op too, once every op
-  // is loaded.
+  // Registered at the first DTensor rather than at load time, so that a key another extension already
+  // claimed is an error naming the fix rather than a crash before main(). The fallback alone loses to
+  // CompositeExplicitAutograd kernels (they would run on the DTensor itself and allocate global-size plain
+  // outputs), so the handler is registered on each such aten op too, once every op is loaded.
   static std::once_flag once;
   std::call_once(once, [] {
-    static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                              __LINE__);
     auto& d = c10::Dispatcher::singleton();
-    for (const auto& name : d.getAllOpNames()) {
+    const auto names = d.getAllOpNames();
+    std::string claimed;
+    if (d.hasBackendFallbackForDispatchKey(kDTensorKey)) claimed = "a backend fallback";
+    for (const auto& name : names) {  // (libtorch itself registers c10d's ops on PrivateUse1: not a claim)
+      if (!claimed.empty() || name.name.rfind("aten::", 0) != 0) continue;
       auto h = d.findOp(name);
-      if (!h || name.name.rfind("aten::", 0) != 0 ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-        continue;
-      }
+      if (h && h->hasKernelForDispatchKey(kDTensorKey)) claimed = "a kernel for " + name.name;
+    }
+    if (!claimed.empty()) {
+      throw NotSupportedError(str_cat("DTensor: the dispatch key ", c10::toString(kDTensorKey),
+                                      " that this build of dtrain uses is already ",
+                                      "claimed by another extension loaded in this process (it registered ",
+                                      claimed,
+                                      "). Rebuild dtrain with another key, e.g. cmake "
+                                      "-DDTRAIN_DISPATCH_KEY=PrivateUse2 (or PrivateUse3)."));
+    }
+    static torch::Library fallback(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
+    fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&handle>());
+    static torch::Library lib(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
+    lib.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type);
+    for (const auto& name : names) {
+      auto h = d.findOp(name);
+      if (!h || name.name.rfind("aten::", 0) != 0 || h->hasKernelForDispatchKey(kDTensorKey)) continue;
       if (!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
           !h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
         continue;

@@ -28,7 +28,7 @@ namespace {
 // be viewed) is the same on every rank.
 struct DTensorImpl : c10::TensorImpl {
   DTensorImpl(const at::Tensor& local, c10::IntArrayRef global_shape, c10::IntArrayRef global_strides)
-      : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()) {
+      : c10::TensorImpl(c10::DispatchKeySet(detail::kDTensorKey), local.dtype(), local.device()) {
     set_storage_access_should_throw();
     set_sizes_and_strides(global_shape, global_strides);
   }
@@ -116,7 +116,7 @@ void report_failure(const MeshPtr& mesh, uint64_t call_seq, const std::exception
 }  // namespace detail
 
 bool is_dtensor(const at::Tensor& t) {
-  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::PrivateUse1) &&
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(detail::kDTensorKey) &&
          dynamic_cast<const detail::DTensorMeta*>(t.unsafeGetTensorImpl()->get_backend_meta()) != nullptr;
 }
 

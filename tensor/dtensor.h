@@ -3,7 +3,8 @@
 // dispatcher handler (tensor/dispatch.cpp), which runs them on the local blocks when the placements allow it
 // and otherwise gathers to Replicate (warning once per op; DTRAIN_DTENSOR_STRICT=1 makes that an error).
 //
-// Representation: a storage-less TensorImpl on the PrivateUse1 dispatch key (its reported device is the local
+// Representation: a storage-less TensorImpl on DTensor's dispatch key (PrivateUse1, or what the build option
+// DTRAIN_DISPATCH_KEY names; its reported device is the local
 // block's), with the local block, mesh and placements in a c10::BackendMeta. Keeping them in BackendMeta
 // rather than in a TensorImpl subclass means set_data() and shallow_copy_from() (which copy metadata into an
 // existing impl, e.g. a module's parameter) carry the DTensor over intact.

@@ -5,7 +5,15 @@
 
 #include "tensor/dtensor.h"
 
+#ifndef DTRAIN_DISPATCH_KEY
+#define DTRAIN_DISPATCH_KEY PrivateUse1
+#endif
+
 namespace dtrain::tensor::detail {
+
+// The dispatch key DTensors carry (the CMake option DTRAIN_DISPATCH_KEY: PrivateUse1, PrivateUse2 or
+// PrivateUse3), for a process where another extension claims PrivateUse1.
+constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::DTRAIN_DISPATCH_KEY;
 
 struct DTensorMeta : c10::BackendMeta {
   DTensorMeta(at::Tensor local, MeshPtr mesh, Placements placements)
