@@ -35,8 +35,8 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
-Job run_worker(const std::string& backend, int n, const std::string& suite,
-               const std::string& timeout = "60") {
+Job run_worker(const std::string& backend, int n, const std::string& suite, const std::string& timeout = "60",
+               const std::vector<std::pair<std::string, std::string>>& env = {}) {
   Job job;
   char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
   job.dir = mkdtemp(tmpl);
@@ -46,8 +46,10 @@ Job run_worker(const std::string& backend, int n, const std::string& suite,
   o.stop_grace = std::chrono::milliseconds(2000);
   o.command = {DTRAIN_COMM_WORKER, suite, job.dir.string()};
   setenv("DTRAIN_TIMEOUT", timeout.c_str(), 1);
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
   auto t0 = std::chrono::steady_clock::now();
   job.rc = dtrain::launch::run(o);
+  for (const auto& [k, v] : env) unsetenv(k.c_str());
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return job;
 }
@@ -118,10 +120,75 @@ TEST_P(OpMatrix, EveryPlacementCombinationIsExact) {
   expect_all_ok(job, n);
 }
 
+// (4 ranks on MPI: Gloo's 4 ranks on 2 cores take five times as long for the same checks.)
 INSTANTIATE_TEST_SUITE_P(Backends, OpMatrix,
-                         ::testing::Values(std::make_tuple("gloo", 2), std::make_tuple("gloo", 3),
-                                           std::make_tuple("gloo", 4), std::make_tuple("mpi", 2)),
+                         ::testing::Values(std::make_tuple("gloo", 2), std::make_tuple("mpi", 2),
+                                           std::make_tuple("mpi", 4)),
                          backend_ranks_name);
+
+// Check mode (DTRAIN_DTENSOR_CHECK=1): every op's decision is compared across ranks, so a decision that
+// read a rank's own block (uneven at 3 ranks) fails on every rank instead of diverging.
+TEST(CheckMode, OpMatrixAtThreeRanks) {
+  Job job = run_worker("gloo", 3, "ops", "60", {{"DTRAIN_DTENSOR_CHECK", "1"}});
+  expect_all_ok(job, 3);
+}
+
+TEST(CheckMode, GPTLayoutsAtThreeRanks) {
+  Job job = run_worker("gloo", 3, "gpt", "60", {{"DTRAIN_DTENSOR_CHECK", "1"}});
+  expect_all_ok(job, 3);
+}
+
+// DTensor hardening: each case once gave a wrong result, diverged or failed on one rank (worker_hardening).
+class Hardening : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Hardening, ExactAndAlikeOnEveryRank) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "hardening");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Hardening,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
+                                           std::make_tuple("mpi", 3)),
+                         backend_ranks_name);
+
+// One rank raises inside a DTensor op while the others wait in its collective: with a 60 s timeout, every
+// rank has the error less than 2 s after the raise.
+class FailFast : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FailFast, OneRanksErrorReachesEveryRankWithinTwoSeconds) {
+  const int n = 3;
+  Job job = run_worker(GetParam(), n, "failfast", "60");
+  EXPECT_LT(job.seconds, 20.0);
+  int64_t raised = -1;
+  std::map<int, std::pair<int64_t, std::string>> caught;
+  for (int r = 0; r < n; ++r) {
+    std::istringstream in(read_file(job.dir / ("failfast" + std::to_string(r) + ".txt")));
+    std::string kind;
+    int64_t ms = 0;
+    in >> kind >> ms;
+    std::string message;
+    std::getline(in, message);
+    ASSERT_FALSE(kind.empty()) << "rank " << r << " wrote no report";
+    EXPECT_NE(message.find("dtrain-profile-on-this-node-only"), std::string::npos)
+        << "rank " << r << " did not get the failing rank's error: " << message;
+    if (kind == "raised") raised = ms;
+    if (kind == "caught") {
+      caught[r] = {ms, message};
+      EXPECT_NE(message.find("rank " + std::to_string(n - 1) + " failed"), std::string::npos) << message;
+    }
+  }
+  ASSERT_GE(raised, 0);
+  EXPECT_EQ(caught.size(), static_cast<size_t>(n - 1));
+  for (const auto& [r, c] : caught) {
+    EXPECT_LT(c.first - raised, 2000)
+        << "rank " << r << " learned of the error " << c.first - raised << " ms after the raise";
+  }
+  fs::remove_all(job.dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, FailFast, ::testing::Values("gloo", "mpi"));
 
 // models::GPT on DTensors, one forward + backward + AdamW step, equal to the same model on one process: data
 // parallel (even and uneven batch), Megatron tensor parallel and, at 4 ranks, the 2x2 combination.
@@ -135,8 +202,7 @@ TEST_P(GPTEndToEnd, LayoutsMatchOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, GPTEndToEnd,
                          ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
-                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
-                                           std::make_tuple("mpi", 4)),
+                                           std::make_tuple("gloo", 4), std::make_tuple("mpi", 4)),
                          backend_ranks_name);
 
 class Groups : public ::testing::TestWithParam<std::string> {};

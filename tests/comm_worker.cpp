@@ -316,6 +316,10 @@ int main(int argc, char** argv) {
       suite_gpt(world);
     } else if (suite == "ops") {
       suite_ops(world);
+    } else if (suite == "hardening") {
+      suite_hardening(world);
+    } else if (suite == "failfast") {
+      suite_failfast(world, dir);
     } else if (suite == "redistribute") {
       suite_redistribute(world);
     } else if (suite == "short-wait") {
