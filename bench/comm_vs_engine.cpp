@@ -1,7 +1,8 @@
 // dtrain's collectives against the same collectives called directly on the engine (blocking MPI calls on
-// MPI_COMM_WORLD, or c10d's ProcessGroupGloo), alternating call by call in one run so both see the same
-// machine state. Run inside `dtrain run -n N --backend B`; rank 0 prints one JSON object per (op, size) and
-// the memcpy ceiling.
+// MPI_COMM_WORLD, or c10d's ProcessGroupGloo on its own store), alternating call by call in one run so both
+// see the same machine state. Each side synchronises with its own barrier before its timed call (a barrier on
+// one side would warm that side's threads only), and the times are compared once all are taken. Run inside
+// `dtrain run -n N --backend B`; rank 0 prints one JSON object per (op, size) and the memcpy ceiling.
 //   usage: comm_vs_engine [--ops all_reduce,...] [--min-bytes N] [--max-bytes N] [--iters N]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,21 +19,25 @@
 #include <string>
 #include <vector>
 
-#include "apps/dtrain/bench_comm.h"
-#include "comm/gloo/gloo_backend.h"
-#include "comm/mpi/mpi_backend.h"
+#include "comm/factory.h"
 #include "core/env.h"
+#include "plan/comm_benchmark.h"
 
 using namespace dtrain;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// The engine's own call for `op` on the same buffers dtrain uses.
-using Call = std::function<void(const std::string& op, at::Tensor& in, at::Tensor& out)>;
+// One side of the comparison: its call for `op` on the buffers, and its own barrier.
+struct Side {
+  std::function<void(const std::string& op, at::Tensor& in, at::Tensor& out)> call;
+  std::function<void()> barrier;
+};
 
-Call mpi_engine() {
-  return [](const std::string& op, at::Tensor& in, at::Tensor& out) {
+Side mpi_engine() {
+  Side side;
+  side.barrier = [] { MPI_Barrier(MPI_COMM_WORLD); };
+  side.call = [](const std::string& op, at::Tensor& in, at::Tensor& out) {
     int n = static_cast<int>(in.numel());
     if (op == "all_reduce") {
       MPI_Allreduce(MPI_IN_PLACE, in.data_ptr(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -49,10 +54,13 @@ Call mpi_engine() {
       MPI_Alltoall(in.data_ptr(), n / size, MPI_FLOAT, out.data_ptr(), n / size, MPI_FLOAT, MPI_COMM_WORLD);
     }
   };
+  return side;
 }
 
-Call gloo_engine(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) {
-  return [pg](const std::string& op, at::Tensor& in, at::Tensor& out) {
+Side gloo_engine(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) {
+  Side side;
+  side.barrier = [pg] { pg->barrier()->wait(); };
+  side.call = [pg](const std::string& op, at::Tensor& in, at::Tensor& out) {
     std::vector<at::Tensor> v{in};
     if (op == "all_reduce") {
       pg->allreduce(v)->wait();
@@ -67,6 +75,14 @@ Call gloo_engine(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) {
       pg->alltoall_base(out, in, none, none)->wait();
     }
   };
+  return side;
+}
+
+Side dtrain_side(const comm::BackendPtr& ours) {
+  return {[ours](const std::string& op, at::Tensor& in, at::Tensor& out) {
+            plan::run_collective(*ours, op, in, out);
+          },
+          [ours] { ours->barrier()->wait(); }};
 }
 
 // Bytes read + written per second by one thread copying 256 MiB (the ceiling for any transport on this host).
@@ -115,27 +131,26 @@ int main(int argc, char** argv) {
   std::string backend = env_get(env, "DTRAIN_BACKEND").value_or("gloo");
   auto timeout = std::chrono::milliseconds(300000);
 
-  comm::BackendPtr ours;
-  Call engine;
+  // dtrain's side through the factory, as any program gets it (for mpi it also initialises MPI).
+  comm::BackendPtr ours = comm::create_backend(backend, info, timeout);
+  Side engine;
   if (backend == "mpi") {
-    ours = comm::MpiBackend::create_world(timeout, info.master_addr);  // initialises MPI
     engine = mpi_engine();
   } else {
+    // The engine's own group on its own store (the next port), so that nothing of dtrain's is shared.
     c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(info.master_port);
+    so.port = static_cast<uint16_t>(info.master_port + 1);
     so.isServer = info.rank == 0;
     so.numWorkers = info.world_size;
+    so.timeout = timeout;
     auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
-    std::vector<int> ranks(info.world_size);
-    for (int r = 0; r < info.world_size; ++r) ranks[r] = r;
-    ours = comm::GlooBackend::create(c10::make_intrusive<c10d::PrefixStore>("dtrain", store), "world", ranks,
-                                     info.rank, timeout);
     auto opts = c10d::ProcessGroupGloo::Options::create();
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     opts->threads = 2;
     engine = gloo_engine(c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("engine", store), info.rank, info.world_size, opts));
   }
+  const Side sides[2] = {dtrain_side(ours), engine};
   const int n = ours->group_size();
   const bool printer = ours->group_rank() == 0;
   if (printer) {
@@ -153,24 +168,22 @@ int main(int argc, char** argv) {
       bool gathers = op == "all_gather";
       at::Tensor in = at::ones({gathers ? count / n : count});
       at::Tensor out = at::empty({op == "reduce_scatter" ? count / n : count});
-      std::vector<double> t_ours, t_engine;
+      std::vector<double> t_ours, t_engine;  // this rank's times; the slowest rank's are taken at the end
       for (int i = 0; i < it + 2; ++i) {
         for (int k = 0; k < 2; ++k) {
-          int side =
-              (i + k) % 2;  // alternate which side goes first, so neither always follows the barrier first
-          ours->barrier()->wait();
+          int side = (i + k) % 2;  // alternate which side goes first
+          sides[side].barrier();
           auto t0 = Clock::now();
-          if (side == 0) {
-            apps::run_collective(*ours, op, in, out);
-          } else {
-            engine(op, in, out);
-          }
+          sides[side].call(op, in, out);
           double t = std::chrono::duration<double>(Clock::now() - t0).count();
-          at::Tensor tt = at::full({1}, t, at::kDouble);
-          ours->all_reduce(tt, {comm::ReduceOp::kMax})->wait();  // the slowest rank's time
-          if (i >= 2) (side == 0 ? t_ours : t_engine).push_back(tt.item<double>());
+          if (i >= 2) (side == 0 ? t_ours : t_engine).push_back(t);
         }
         in.fill_(1);  // keep all_reduce inputs from growing without bound
+      }
+      for (auto* times : {&t_ours, &t_engine}) {
+        at::Tensor tt = at::tensor(*times, at::kDouble);
+        ours->all_reduce(tt, {comm::ReduceOp::kMax})->wait();  // per call, the slowest rank's time
+        *times = std::vector<double>(tt.data_ptr<double>(), tt.data_ptr<double>() + tt.numel());
       }
       if (!printer) continue;
       double m_ours = median(t_ours), m_engine = median(t_engine);
@@ -184,8 +197,8 @@ int main(int argc, char** argv) {
                        {"engine_median_us", m_engine * 1e6},
                        {"dtrain_min_us", *std::min_element(t_ours.begin(), t_ours.end()) * 1e6},
                        {"engine_min_us", *std::min_element(t_engine.begin(), t_engine.end()) * 1e6},
-                       {"dtrain_busbw_gbs", real_bytes / m_ours / 1e9 * apps::bus_factor(op, n)},
-                       {"engine_busbw_gbs", real_bytes / m_engine / 1e9 * apps::bus_factor(op, n)},
+                       {"dtrain_busbw_gbs", real_bytes / m_ours / 1e9 * plan::bus_factor(op, n)},
+                       {"engine_busbw_gbs", real_bytes / m_engine / 1e9 * plan::bus_factor(op, n)},
                        {"ratio", m_engine / m_ours}};
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
