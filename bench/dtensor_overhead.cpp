@@ -1,6 +1,8 @@
-// Per-op overhead of dtrain's DTensor dispatch on small tensors, against the same op on plain tensors, in one
-// process (a 1-rank mesh: no communication, only dispatch). bench/dtensor_overhead.py measures PyTorch's
-// Python DTensor the same way; bench/RESULTS.md records both.
+// Per-op overhead of dtrain's DTensor dispatch (C++) on small tensors, against the same op on plain tensors:
+// alone, a 1-rank mesh (no communication, only dispatch: Replicate and Shard(0)); under `dtrain run -n N`, an
+// N-rank mesh (Shard(0) only), where a sharded op redistributes as PyTorch's does (run it with
+// DTRAIN_DTENSOR_CACHE_MB=0 so that dtrain does not reuse the gathered operand across calls). Rank 0 prints.
+// bench/dtensor_overhead.py measures PyTorch's Python DTensor the same way; bench/RESULTS.md records both.
 //   usage: dtensor_overhead [iterations]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "comm/factory.h"
+#include "core/env.h"
 #include "tensor/dtensor.h"
 
 using namespace dtrain;
@@ -36,15 +39,19 @@ double us_per_op(const std::function<void()>& f, int iters) {
 int main(int argc, char** argv) {
   int iters = argc > 1 ? std::atoi(argv[1]) : 2000;
   at::set_num_threads(1);
-  auto world = comm::create_backend("gloo", RankInfo{}, std::chrono::seconds(30));
+  const bool launched = env_get(current_env(), "WORLD_SIZE").has_value();
+  auto world = launched ? comm::init() : comm::create_backend("gloo", RankInfo{}, std::chrono::seconds(30));
+  const int n = world->group_size();
   auto mesh =
-      std::make_shared<const mesh::DeviceMesh>(world, std::vector<int64_t>{1}, std::vector<std::string>{"x"});
+      std::make_shared<const mesh::DeviceMesh>(world, std::vector<int64_t>{n}, std::vector<std::string>{"x"});
   at::Tensor a = at::randn({16, 16}), b = at::randn({16, 16});
   struct Layout {
     const char* name;
     tensor::Placement p;
   };
-  for (Layout layout : {Layout{"Replicate", tensor::Replicate()}, Layout{"Shard(0)", tensor::Shard(0)}}) {
+  std::vector<Layout> layouts{Layout{"Shard(0)", tensor::Shard(0)}};
+  if (n == 1) layouts.insert(layouts.begin(), Layout{"Replicate", tensor::Replicate()});
+  for (Layout layout : layouts) {
     at::Tensor da = tensor::distribute_tensor(a, mesh, {layout.p});
     at::Tensor db = tensor::distribute_tensor(b, mesh, {layout.p});
     struct Op {
@@ -58,8 +65,8 @@ int main(int argc, char** argv) {
       double dt = us_per_op([&] { op.fn(da, db); }, iters);
       nlohmann::json j{{"tool", "dtrain"},  {"op", op.name},    {"layout", layout.name},
                        {"plain_us", plain}, {"dtensor_us", dt}, {"overhead_us", dt - plain},
-                       {"shape", "16x16"},  {"iters", iters}};
-      std::printf("%s\n", j.dump().c_str());
+                       {"shape", "16x16"},  {"iters", iters},   {"ranks", n}};
+      if (world->group_rank() == 0) std::printf("%s\n", j.dump().c_str());
     }
   }
   return 0;
