@@ -510,8 +510,11 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
                   " was expected");
     at::Tensor out = out_arg->second;
     auto* impl = out.unsafeGetTensorImpl();
-    impl->set_sizes_and_strides(shapes[0], detail::dense_strides(shapes[0], {}));
-    impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(locals[0], mesh, best->outputs[0]));
+    const std::vector<int64_t> strides =
+        plan->strides[0].empty() ? detail::dense_strides(shapes[0], {}) : plan->strides[0];
+    impl->set_sizes_and_strides(shapes[0], strides);
+    impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(
+        detail::conform_layout(locals[0], strides), mesh, best->outputs[0]));
     impl->bump_version();
     stack->push_back(out);
     return true;

@@ -98,10 +98,6 @@ at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
   return t;
 }
 
-}  // namespace detail
-
-namespace detail {
-
 uint64_t next_call_seq() {
   static std::atomic<uint64_t> seq{0};
   return ++seq;

@@ -3,6 +3,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 
 using namespace dtrain;
 
@@ -83,6 +84,38 @@ TEST(Env, Timeout) {
   EXPECT_EQ(default_timeout({{"DTRAIN_TIMEOUT", "2.5"}}).count(), 2500);
   EXPECT_THROW(default_timeout({{"DTRAIN_TIMEOUT", "-1"}}), ValueError);
   EXPECT_THROW(default_timeout({{"DTRAIN_TIMEOUT", "abc"}}), ValueError);
+}
+
+// Yes/no variables (DTRAIN_DTENSOR_STRICT, DTRAIN_DTENSOR_CHECK): the usual spellings, and a clear error for
+// the rest instead of a silent "no".
+TEST(Env, Bool) {
+  for (const char* yes : {"1", "true", "TRUE", "yes", "On"})
+    EXPECT_TRUE(env_bool({{"X", yes}}, "X", false)) << yes;
+  for (const char* no : {"0", "false", "no", "off", ""}) EXPECT_FALSE(env_bool({{"X", no}}, "X", true)) << no;
+  EXPECT_TRUE(env_bool({}, "X", true));
+  try {
+    env_bool({{"DTRAIN_DTENSOR_CHECK", "maybe"}}, "DTRAIN_DTENSOR_CHECK", false);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_DTENSOR_CHECK='maybe' is not a yes/no value"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// DTRAIN_LOG_LEVEL: a bad value is an error naming the allowed ones (it once silently became info).
+TEST(Env, LogLevel) {
+  EXPECT_EQ(log_level_from_env({}), LogLevel::kInfo);
+  EXPECT_EQ(log_level_from_env({{"DTRAIN_LOG_LEVEL", "debug"}}), LogLevel::kDebug);
+  EXPECT_EQ(log_level_from_env({{"DTRAIN_LOG_LEVEL", "error"}}), LogLevel::kError);
+  try {
+    log_level_from_env({{"DTRAIN_LOG_LEVEL", "verbose"}});
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'verbose' is not one of debug, info, warn, error"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

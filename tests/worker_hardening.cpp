@@ -227,24 +227,27 @@ void check_uneven(const comm::BackendPtr& world, const MeshPtr& m) {
   }
   // The example: linear with x Partial(sum) [13, 1, 3] and W Shard(1) [5, 3], forward and backward,
   // under check mode (every decision compared across ranks).
-  with_settings([](DTensorSettings& s) { s.check = true; },
-                [&] {
-                  at::Tensor xf = data({13, 1, 3}, 0), wf = data({5, 3}, 1);
-                  at::Tensor xr = xf.clone().requires_grad_(true), wr = wf.clone().requires_grad_(true);
-                  at::Tensor want = at::linear(xr, wr);
-                  at::Tensor grad = data(want.sizes().vec(), 5);
-                  want.backward(grad);
-                  at::Tensor xl = block_of(xf, *m, {Partial()}).clone().requires_grad_(true);
-                  at::Tensor wl = block_of(wf, *m, {Shard(1)}).clone().requires_grad_(true);
-                  at::Tensor out = at::linear(from_local(xl, m, {Partial()}, xf.sizes().vec()),
-                                              from_local(wl, m, {Shard(1)}, wf.sizes().vec()));
-                  check_equal("linear(P(sum) [13, 1, 3], S(1) [5, 3])", full_tensor(out.detach()),
-                              want.detach());
-                  out.backward(from_local(grad, m, {Replicate()}, grad.sizes().vec()));
-                  check_equal("its gradient of x", xl.grad(), xr.grad());
-                  check_equal("its gradient of W", wl.grad(),
-                              local_block(wr.grad(), m->shape(), {Shard(1)}, m->coordinate()));
-                });
+  with_settings(
+      [](DTensorSettings& s) { s.check = true; },
+      [&] {
+        at::Tensor xf = data({13, 1, 3}, 0), wf = data({5, 3}, 1);
+        at::Tensor xr = xf.clone().requires_grad_(true), wr = wf.clone().requires_grad_(true);
+        at::Tensor want = at::linear(xr, wr);
+        at::Tensor grad = data(want.sizes().vec(), 5);
+        want.backward(grad);
+        // The ranks' parts differ in layout where it carries no meaning (the stride of the size-1 dim).
+        at::Tensor part = block_of(xf, *m, {Partial()});
+        at::Tensor xl = (world->group_rank() == 0 ? part.squeeze(1).clone().unsqueeze(1) : part.clone())
+                            .requires_grad_(true);
+        at::Tensor wl = block_of(wf, *m, {Shard(1)}).clone().requires_grad_(true);
+        at::Tensor out = at::linear(from_local(xl, m, {Partial()}, xf.sizes().vec()),
+                                    from_local(wl, m, {Shard(1)}, wf.sizes().vec()));
+        check_equal("linear(P(sum) [13, 1, 3], S(1) [5, 3])", full_tensor(out.detach()), want.detach());
+        out.backward(from_local(grad, m, {Replicate()}, grad.sizes().vec()));
+        check_equal("its gradient of x", xl.grad(), xr.grad());
+        check_equal("its gradient of W", wl.grad(),
+                    local_block(wr.grad(), m->shape(), {Shard(1)}, m->coordinate()));
+      });
   // Check mode catches ranks that decide differently (here: rank 0 runs another op).
   if (ws > 1) {
     with_settings([](DTensorSettings& s) { s.check = true; },
