@@ -40,7 +40,12 @@ struct DTensorImpl : c10::TensorImpl {
 PlanCache& plan_cache(int axes) {
   static std::mutex mu;
   static std::map<std::pair<int, std::string>, std::unique_ptr<PlanCache>> caches;
-  std::string profile = settings().comm_profile;
+  thread_local uint64_t seen = ~uint64_t{0};  // the settings' generation `profile` was read at
+  thread_local std::string profile;
+  if (uint64_t g = settings_generation(); g != seen) {
+    profile = settings().comm_profile;
+    seen = g;
+  }
   std::lock_guard<std::mutex> lock(mu);
   auto& c = caches[{axes, profile}];
   if (!c) {
@@ -81,6 +86,8 @@ std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, c10::IntArrayRef orde
 
 at::Tensor conform_layout(const at::Tensor& local, c10::IntArrayRef global_strides) {
   if (local.numel() <= 1 || static_cast<size_t>(local.dim()) != global_strides.size()) return local;
+  // The common case without allocating: a contiguous block of a tensor laid out in dim order.
+  if (std::is_sorted(global_strides.rbegin(), global_strides.rend()) && local.is_contiguous()) return local;
   std::vector<int64_t> want = dense_strides(local.sizes(), global_strides);
   bool same = true;
   for (int64_t d = 0; d < local.dim() && same; ++d) same = local.size(d) <= 1 || local.stride(d) == want[d];
@@ -231,7 +238,7 @@ detail::DTensorMeta::~DTensorMeta() {
 
 at::Tensor detail::redistributed_local(const at::Tensor& t, const Placements& placements) {
   const auto& m = meta(t, "redistribute");
-  const int64_t budget = settings().cache_bytes;
+  const int64_t budget = cache_bytes();
   if (t_no_cache || budget <= 0 || t.is_inference() || m.local.is_inference()) {
     return to_local_raw(redistribute_raw(t, placements));
   }

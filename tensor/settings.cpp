@@ -15,7 +15,14 @@ std::mutex g_mu;
 std::optional<DTensorSettings> g_settings;  // guarded by g_mu
 std::atomic<int> g_flags{-1};               // bit 0 strict, bit 1 check; -1 until the settings are read
 
-void publish(const DTensorSettings& s) { g_flags = (s.strict ? 1 : 0) | (s.check ? 2 : 0); }
+std::atomic<int64_t> g_cache_bytes{0};
+std::atomic<uint64_t> g_generation{0};
+
+void publish(const DTensorSettings& s) {
+  g_cache_bytes = s.cache_bytes;
+  g_flags = (s.strict ? 1 : 0) | (s.check ? 2 : 0);
+  ++g_generation;
+}
 
 int flags() {
   int f = g_flags.load(std::memory_order_relaxed);
@@ -55,5 +62,13 @@ void set_settings(const DTensorSettings& s) {
 
 bool strict_mode() { return (flags() & 1) != 0; }
 bool check_mode() { return (flags() & 2) != 0; }
+int64_t cache_bytes() {
+  flags();  // read the settings once
+  return g_cache_bytes.load(std::memory_order_relaxed);
+}
+uint64_t settings_generation() {
+  flags();
+  return g_generation.load();
+}
 
 }  // namespace dtrain::tensor

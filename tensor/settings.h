@@ -29,8 +29,12 @@ struct DTensorSettings {
 DTensorSettings settings();
 // Replaces them (e.g. a test switching check mode on); takes effect for the next op.
 void set_settings(const DTensorSettings& s);
-// The two flags every op reads, without copying the settings.
+// What hot paths read, without copying the settings: the two flags every op reads, the cache bound, and a
+// number that changes whenever the settings do (so a cache of something derived from them knows when to
+// look again).
 bool strict_mode();
 bool check_mode();
+int64_t cache_bytes();
+uint64_t settings_generation();
 
 }  // namespace dtrain::tensor

@@ -57,11 +57,11 @@ TEST(Cli, BenchComm) {
   c.parse({"bench", "comm", "--ops", "all_reduce,broadcast", "--min-bytes", "4K", "--max-bytes", "1M",
            "--json", "--dtype", "bfloat16"});
   EXPECT_TRUE(c.bench_cmd->parsed());
-  EXPECT_EQ(c.bench.ops, (std::vector<std::string>{"all_reduce", "broadcast"}));
-  EXPECT_EQ(c.bench.min_bytes, 4096);
-  EXPECT_EQ(c.bench.max_bytes, 1 << 20);
+  EXPECT_EQ(c.bench.sweep.ops, (std::vector<std::string>{"all_reduce", "broadcast"}));
+  EXPECT_EQ(c.bench.sweep.min_bytes, 4096);
+  EXPECT_EQ(c.bench.sweep.max_bytes, 1 << 20);
   EXPECT_TRUE(c.bench.json);
-  EXPECT_EQ(c.bench.dtype, "bfloat16");
+  EXPECT_EQ(c.bench.sweep.dtype, "bfloat16");
 }
 
 TEST(Cli, BenchSizesAreChecked) {

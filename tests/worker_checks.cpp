@@ -78,6 +78,12 @@ at::Tensor partial_part(const at::Tensor& v, comm::ReduceOp op, int64_t k, int64
 
 }  // namespace
 
+at::Tensor data(std::vector<int64_t> shape, int salt) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return ((at::arange(n, at::kLong) * (3 + salt) + salt) % 13 - 6).view(shape).to(at::kDouble);
+}
+
 // This rank's block of `g` laid out as `placements`, with asymmetric parts on Partial axes.
 at::Tensor block_of(const at::Tensor& g, const mesh::DeviceMesh& m, const tensor::Placements& placements) {
   at::Tensor v = g;

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 #include "mesh/device_mesh.h"
 #include "tensor/placement.h"
@@ -18,6 +19,9 @@ extern std::string g_failures;
 void check_equal(const std::string& what, const at::Tensor& actual, const at::Tensor& expected);
 void check_close(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
                  double tol = 1e-5);
+
+// Integer-valued data of `shape` (double, values -6..6), different per salt.
+at::Tensor data(std::vector<int64_t> shape, int salt);
 
 // This rank's block of the global tensor `g` laid out as `placements` on `m`, with asymmetric integer-valued
 // parts on Partial axes (and the same values at every coordinate of a Replicate axis).

@@ -24,13 +24,6 @@ namespace {
 using namespace dtrain::tensor;
 using comm::ReduceOp;
 
-// Integer-valued data of `shape` (double), different per salt.
-at::Tensor data(std::vector<int64_t> shape, int salt) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return ((at::arange(n, at::kLong) * (3 + salt) + salt) % 13 - 6).view(shape).to(at::kDouble);
-}
-
 at::Tensor ids(std::vector<int64_t> shape, int64_t vocab) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

@@ -4,22 +4,16 @@
 // cmd_bench.cpp includes this header without it.)
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
+
+#include "plan/comm_bench_options.h"
 
 namespace dtrain::apps {
 
 struct BenchCommOptions {
-  std::string backend;  // empty: comm::init() chooses
-  std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"};
-  int64_t min_bytes = 1024;
-  int64_t max_bytes = 64 << 20;
-  int64_t step_factor = 4;  // sizes grow by this factor
-  std::string dtype = "float32";
-  int iters = 0;  // 0: chosen per size so that every size takes a similar time
-  int warmup = 2;
-  bool json = false;    // one JSON object per line instead of the table
+  std::string backend;           // empty: comm::init() chooses
+  plan::CommBenchOptions sweep;  // the collectives, sizes, dtype and iterations
+  bool json = false;             // one JSON object per line instead of the table
   std::string profile;  // when set: fit alpha + beta * bus bytes per collective and write them there (JSON)
 };
 

@@ -47,22 +47,24 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommOptions& opts) {
   comm->add_option("--backend", opts.backend, "gloo or mpi (default: from the launcher's environment)")
       ->check(CLI::IsMember({"gloo", "mpi", "nccl"}));
   comm->add_option_function<std::string>(
-      "--ops", [&opts](const std::string& v) { opts.ops = split_commas(v); },
+      "--ops", [&opts](const std::string& v) { opts.sweep.ops = split_commas(v); },
       "Comma-separated collectives (default: all_reduce,all_gather,reduce_scatter,broadcast,all_to_all)");
   comm->add_option_function<std::string>(
-          "--min-bytes", [&opts](const std::string& v) { opts.min_bytes = parse_bytes(v); },
+          "--min-bytes", [&opts](const std::string& v) { opts.sweep.min_bytes = parse_bytes(v); },
           "Smallest size, e.g. 1K")
       ->default_str("1K");
   comm->add_option_function<std::string>(
-          "--max-bytes", [&opts](const std::string& v) { opts.max_bytes = parse_bytes(v); },
+          "--max-bytes", [&opts](const std::string& v) { opts.sweep.max_bytes = parse_bytes(v); },
           "Largest size, e.g. 64M")
       ->default_str("64M");
-  comm->add_option("--step-factor", opts.step_factor, "Size multiplier between rows")->capture_default_str();
-  comm->add_option("--dtype", opts.dtype, "Element type")
+  comm->add_option("--step-factor", opts.sweep.step_factor, "Size multiplier between rows")
+      ->capture_default_str();
+  comm->add_option("--dtype", opts.sweep.dtype, "Element type")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16", "int32", "int64"}))
       ->capture_default_str();
-  comm->add_option("--iters", opts.iters, "Timed iterations per size (0: automatic)")->capture_default_str();
-  comm->add_option("--warmup", opts.warmup, "Untimed iterations per size")->capture_default_str();
+  comm->add_option("--iters", opts.sweep.iters, "Timed iterations per size (0: automatic)")
+      ->capture_default_str();
+  comm->add_option("--warmup", opts.sweep.warmup, "Untimed iterations per size")->capture_default_str();
   comm->add_flag("--json", opts.json, "One JSON object per row instead of the table");
   comm->add_option(
       "--profile", opts.profile,
