@@ -574,8 +574,7 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
       return at::Tensor();
     }
     if (check.plains) check.add_plain(t, i - base);
-    return detail::make_dtensor(t, mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec(),
-                                t.strides().vec());
+    return detail::make_dtensor(t, mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec(), t.strides());
   });
 
   // The DTensor arguments.
@@ -696,7 +695,7 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
     }
     auto wrap = [&](const at::Tensor& local) {
       // the op ran on the whole tensors, alike on every rank: the result's own layout is the global one
-      return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec(), local.strides().vec());
+      return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec(), local.strides());
     };
     if (iv.isTensor()) {
       at::Tensor t = iv.toTensor();

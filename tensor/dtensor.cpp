@@ -96,9 +96,11 @@ at::Tensor conform_layout(const at::Tensor& local, c10::IntArrayRef global_strid
 }
 
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
-                        std::vector<int64_t> global_shape, std::vector<int64_t> global_strides) {
+                        std::vector<int64_t> global_shape, c10::IntArrayRef global_strides) {
   ensure_dispatch_registered();
-  if (global_strides.size() != global_shape.size()) global_strides = dense_strides(global_shape, {});
+  std::vector<int64_t> contiguous;
+  if (global_strides.size() != global_shape.size())
+    global_strides = contiguous = dense_strides(global_shape, {});
   at::Tensor t = at::detail::make_tensor<DTensorImpl>(local, global_shape, global_strides);
   t.unsafeGetTensorImpl()->set_backend_meta(
       c10::make_intrusive<DTensorMeta>(std::move(local), std::move(mesh), std::move(placements)));
@@ -187,7 +189,7 @@ at::Tensor detail::redistribute_raw(const at::Tensor& t, const Placements& place
   at::Tensor local = run_redistribute(m.local, *m.mesh, plan);
   // The values keep their global layout; a block the collectives made afresh follows it.
   if (!plan.steps.empty()) local = conform_layout(local, t.strides());
-  return detail::make_dtensor(local, m.mesh, plan.problem.to, t.sizes().vec(), t.strides().vec());
+  return detail::make_dtensor(local, m.mesh, plan.problem.to, t.sizes().vec(), t.strides());
 }
 
 namespace {
@@ -203,7 +205,8 @@ struct CopyCache {
     int64_t bytes;
   };
   std::mutex mu;
-  std::list<Entry> entries;  // guarded by mu
+  std::atomic<size_t> size{0};  // entries.size(), read without the lock by ~DTensorMeta
+  std::list<Entry> entries;     // guarded by mu
   std::map<std::pair<const detail::DTensorMeta*, Placements>, std::list<Entry>::iterator> index;  // guarded
   int64_t bytes = 0;  // guarded by mu
 
@@ -211,6 +214,7 @@ struct CopyCache {
     bytes -= it->bytes;
     index.erase({it->owner, it->placements});
     entries.erase(it);
+    size = entries.size();
   }
 };
 
@@ -227,8 +231,8 @@ int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) *
 
 detail::DTensorMeta::~DTensorMeta() {
   CopyCache& c = copy_cache();
+  if (c.size.load(std::memory_order_relaxed) == 0) return;  // most DTensors die with nothing cached
   std::lock_guard<std::mutex> lock(c.mu);
-  if (c.index.empty()) return;
   for (auto it = c.index.lower_bound({this, Placements{}}); it != c.index.end() && it->first.first == this;) {
     auto entry = it->second;
     ++it;
@@ -265,6 +269,7 @@ at::Tensor detail::redistributed_local(const at::Tensor& t, const Placements& pl
   c.entries.push_front({&m, placements, v, lv, local, bytes});
   c.index[{&m, placements}] = c.entries.begin();
   c.bytes += bytes;
+  c.size = c.entries.size();
   return local;
 }
 
@@ -280,6 +285,7 @@ void clear_redistribute_cache() {
   c.entries.clear();
   c.index.clear();
   c.bytes = 0;
+  c.size = 0;
 }
 
 NoRedistributeCache::NoRedistributeCache() : previous_(t_no_cache) { t_no_cache = true; }

@@ -33,7 +33,7 @@ struct DTensorMeta : c10::BackendMeta {
 // Builds a DTensor from parts already checked. `global_strides` are the strides libtorch would give the
 // global tensor (computed from global metadata only, the same on every rank); empty: contiguous.
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
-                        std::vector<int64_t> global_shape, std::vector<int64_t> global_strides = {});
+                        std::vector<int64_t> global_shape, c10::IntArrayRef global_strides = {});
 // Dense strides for `sizes` with the dims ordered as `order_by`'s strides order them (outermost = largest;
 // ties keep dim order); `order_by` empty: contiguous.
 std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, c10::IntArrayRef order_by);
