@@ -69,18 +69,35 @@ std::string env_choice(const EnvMap& env, const std::string& name, const std::st
       str_cat("environment: ", name, "='", *v, "' is not one of ", list, ". Set ", name, " to one of them."));
 }
 
+std::chrono::milliseconds checked_seconds(const std::string& what, double s, bool allow_zero) {
+  if (!std::isfinite(s) || s < 0 || (s == 0 && !allow_zero)) {
+    throw ValueError(str_cat(what, " = ", s, " s is not a ", allow_zero ? "non-negative" : "positive",
+                             " number of seconds. Use e.g. 30 or 2.5."));
+  }
+  if (s > kMaxSeconds) {
+    throw ValueError(str_cat(what, " = ", s, " s is more than a week (", kMaxSeconds,
+                             " s), the longest dtrain accepts. Use a shorter time."));
+  }
+  const int64_t ms = std::llround(s * 1000.0);
+  if (ms == 0 && s > 0) {
+    throw ValueError(str_cat(what, " = ", s,
+                             " s rounds to 0 ms; dtrain counts whole milliseconds. Use at least ", "0.001."));
+  }
+  return std::chrono::milliseconds(ms);
+}
+
 std::chrono::milliseconds env_seconds(const EnvMap& env, const std::string& name,
                                       std::chrono::milliseconds fallback) {
   auto v = env_get(env, name);
   if (!v) return fallback;
   char* end = nullptr;
   double s = std::strtod(v->c_str(), &end);
-  if (v->empty() || *end != '\0' || !std::isfinite(s) || s <= 0) {
+  if (v->empty() || *end != '\0') {
     throw ValueError(str_cat("environment: ", name, "='", *v,
                              "' is not a positive number of seconds. Use e.g. ", name, "=30 or ", name,
                              "=2.5."));
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000.0)));
+  return checked_seconds(str_cat("environment: ", name), s);
 }
 
 const char* to_string(Launcher l) {

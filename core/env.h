@@ -30,7 +30,15 @@ bool env_bool(const EnvMap& env, const std::string& name, bool fallback);
 std::string env_choice(const EnvMap& env, const std::string& name, const std::string& fallback,
                        const std::vector<std::string>& allowed);
 
-// Seconds as a decimal number ("30", "2.5"); ValueError if not a non-negative number.
+// The longest duration dtrain accepts for a timeout or grace period (a week): beyond it, deadlines overflow.
+constexpr double kMaxSeconds = 7 * 24 * 3600.0;
+
+// `seconds` as milliseconds; ValueError naming `what` when it is not finite, negative (or zero unless
+// `allow_zero`), rounds to 0 ms, or exceeds kMaxSeconds.
+std::chrono::milliseconds checked_seconds(const std::string& what, double seconds, bool allow_zero = false);
+
+// Seconds as a decimal number ("30", "2.5"); ValueError if not a positive number of at least a millisecond
+// and at most kMaxSeconds.
 std::chrono::milliseconds env_seconds(const EnvMap& env, const std::string& name,
                                       std::chrono::milliseconds fallback);
 

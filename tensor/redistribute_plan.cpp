@@ -122,6 +122,10 @@ std::string RedistributePlan::explain() const {
                             " on mesh ", shape_str(problem.mesh_shape), ", global shape ",
                             shape_str(problem.shape), ", ", problem.element_size, " B per element\n");
   if (steps.empty()) return out + "  nothing to do: the placements are equal\n";
+  if (bounded) {
+    out += str_cat("  (the search stopped after ", kMaxPlanStates,
+                   " placement states, too many on this mesh: the naive route below)\n");
+  }
   double bytes = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
@@ -162,11 +166,17 @@ RedistributePlan plan_redistribute(const RedistributeProblem& p, const CostModel
   std::map<Placements, RedistributeStep> via;  // the step that reached each state
   dist[p.from] = 0;
   queue.push({0, p.from});
+  size_t expanded = 0;
   while (!queue.empty()) {
     auto [d, state] = queue.top();
     queue.pop();
     if (d > dist[state]) continue;
     if (state == p.to) break;
+    if (++expanded > kMaxPlanStates) {  // a mesh of many axes: too many states to search
+      RedistributePlan naive = naive_plan(p, model);
+      naive.bounded = true;
+      return naive;
+    }
     for (RedistributeStep& s : next_steps(p, state, model)) {
       double nd = d + step_cost(s, model);
       auto it = dist.find(s.after);
@@ -191,6 +201,31 @@ RedistributePlan plan_redistribute(const RedistributeProblem& p, const CostModel
   RedistributePlan plan{p, {}, 0, 0};
   for (auto it = reversed.rbegin(); it != reversed.rend(); ++it) add(plan, *it, model);
   return plan;
+}
+
+void check_problem(const RedistributeProblem& p) {
+  int64_t ranks = 1;
+  for (int64_t a : p.mesh_shape) {
+    if (a < 1) {
+      throw ValueError(str_cat("redistribute: mesh shape ", shape_str(p.mesh_shape), " has an axis of size ",
+                               a, "; every axis needs at least 1 rank."));
+    }
+    if (ranks > kMaxRanks / a) {
+      throw ValueError(str_cat("redistribute: mesh shape ", shape_str(p.mesh_shape), " has more than ",
+                               kMaxRanks, " ranks. Use a mesh the size of a real job."));
+    }
+    ranks *= a;
+  }
+  double bytes = static_cast<double>(p.element_size);
+  for (int64_t d : p.shape) {
+    if (d < 0) throw ValueError(str_cat("redistribute: shape ", shape_str(p.shape), " has a negative dim."));
+    bytes *= static_cast<double>(d);
+  }
+  if (bytes > static_cast<double>(int64_t{1} << 56)) {
+    throw ValueError(
+        str_cat("redistribute: a tensor of shape ", shape_str(p.shape), " holds ", bytes,
+                " bytes, more than 2^56; byte counts would overflow. Use a real tensor's shape."));
+  }
 }
 
 RedistributePlan naive_plan(const RedistributeProblem& p, const CostModel& model) {

@@ -49,8 +49,9 @@ struct RedistributeStep {
 struct RedistributePlan {
   RedistributeProblem problem;
   std::vector<RedistributeStep> steps;
-  double seconds = 0;  // predicted time of all steps
-  double cost = 0;     // what the search minimised: seconds plus the memory term
+  double seconds = 0;    // predicted time of all steps
+  double cost = 0;       // what the search minimised: seconds plus the memory term
+  bool bounded = false;  // the search stopped at kMaxPlanStates: this is the naive route
   // Collectives that move data (steps on axes of size 1 are relabellings and issue none).
   int collectives() const;
   // The chosen steps with predicted bytes and time, one per line.
@@ -60,6 +61,15 @@ struct RedistributePlan {
 // The legal single-axis steps from `state`, each with its predicted cost.
 std::vector<RedistributeStep> next_steps(const RedistributeProblem& problem, const Placements& state,
                                          const CostModel& model);
+
+// ValueError when a problem given by hand (dtrain explain) is out of range: a mesh axis below 1, more than
+// kMaxRanks ranks, or a tensor over 2^56 bytes (byte counts must not overflow).
+constexpr int64_t kMaxRanks = int64_t{1} << 24;
+void check_problem(const RedistributeProblem& problem);
+
+// The search visits at most this many placement states (a mesh of up to 4 axes stays below it). Past
+// it, the plan is the naive route and says so (RedistributePlan::bounded), in well under a second.
+constexpr size_t kMaxPlanStates = 5000;
 
 // The cheapest plan (ties broken by a fixed order of placements, so plans are deterministic). The empty plan
 // when from == to. Placements must be valid for the shape (check_placements).

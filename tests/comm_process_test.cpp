@@ -264,6 +264,50 @@ TEST(BenchProfile, WritesAProfileFile) {
 
 // `dtrain explain` prints the planner's choice for a 2x2-mesh redistribution next to the naive route, reading
 // the profile written above when given one; a bad placement is exit code 2 with the reason.
+// Bad input to the command: a clear error naming the value and exit code 2, never a crash (SIGFPE), a silent
+// acceptance, an overflow or a read without end; a mesh of many axes answers quickly.
+TEST(BadInput, ClearErrorsNotCrashes) {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  std::string out = (dir / "out.txt").string();
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"explain --mesh 0 --shape 4,4 --from 'S(0)' --to R", "--mesh '0' is not a comma-separated list"},
+      {"explain --mesh 1000000000,1000000000 --shape 4,4 --from 'S(0),R' --to R,R",
+       "more than 16777216 ranks"},
+      {"explain --mesh 2 --shape 0,4 --from 'S(0)' --to R", "--shape '0,4' is not"},
+      {"explain --mesh 2 --shape 4611686018427387904,4 --from 'S(0)' --to R", "more than 2^56"},
+      {"frobnicate", "'frobnicate' is not a dtrain command"},
+      {"run --stop-grace inf -n 1 -- true", "--stop-grace = inf s is not"},
+      {"bench comm --min-bytes 1e30", "more than 1 TiB"},
+      {"train --log-every 0", "--log-every 0 must be at least 1"},
+      {"train --batch 100000000", "more than 2^30 tokens"},
+      {"train --data /dev/zero", "'/dev/zero' is not a regular file"},
+  };
+  for (const auto& [args, needle] : cases) {
+    std::string cmd = std::string(DTRAIN_BINARY) + " " + args + " > " + out + " 2>&1";
+    int status = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << args << ": " << read_file(out);
+    EXPECT_NE(read_file(out).find(needle), std::string::npos) << args << ": " << read_file(out);
+  }
+  for (const std::string t : {"1e13", "0.0001"}) {
+    std::string cmd =
+        "DTRAIN_TIMEOUT=" + t + " " + std::string(DTRAIN_BINARY) + " train --steps 1 > " + out + " 2>&1";
+    int status = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << t << ": " << read_file(out);
+    EXPECT_NE(read_file(out).find("DTRAIN_TIMEOUT = " + t.substr(0, 1)), std::string::npos) << read_file(out);
+  }
+  // 8 axes: the planner's search is bounded (it took minutes), and explain says it took the naive route.
+  auto t0 = std::chrono::steady_clock::now();
+  std::string cmd = std::string(DTRAIN_BINARY) +
+                    " explain --mesh 2,2,2,2,2,2,2,2 --shape 16,16 --from 'S(0),R,R,R,R,R,R,R' "
+                    "--to 'R,R,R,R,R,R,R,S(1)' > " +
+                    out + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  EXPECT_NE(read_file(out).find("the search stopped after"), std::string::npos) << read_file(out);
+  fs::remove_all(dir);
+}
+
 TEST(Explain, PrintsThePlanFor2x2Mesh) {
   char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
   fs::path dir = mkdtemp(tmpl);

@@ -1,6 +1,8 @@
 // Pure tier: environment parsing for every launcher dtrain recognises, and its error messages.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -116,6 +118,20 @@ TEST(Env, LogLevel) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Durations: not finite, too long for a deadline, or rounding to 0 ms are errors (1e13 s once overflowed, and
+// 0.0001 s became a 0 ms timeout).
+TEST(Env, SecondsAreBounded) {
+  EXPECT_EQ(env_seconds({{"DTRAIN_TIMEOUT", "2.5"}}, "DTRAIN_TIMEOUT", std::chrono::milliseconds(1)).count(),
+            2500);
+  for (const char* bad : {"1e13", "0.0001", "inf", "nan", "-3", "0", "ten"}) {
+    EXPECT_THROW(env_seconds({{"DTRAIN_TIMEOUT", bad}}, "DTRAIN_TIMEOUT", std::chrono::milliseconds(1)),
+                 ValueError)
+        << bad;
+  }
+  EXPECT_EQ(checked_seconds("--stop-grace", 0, true).count(), 0);
+  EXPECT_THROW(checked_seconds("--stop-grace", std::numeric_limits<double>::infinity(), true), ValueError);
 }
 
 }  // namespace

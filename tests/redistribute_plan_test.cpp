@@ -10,6 +10,7 @@
 #include "core/error.h"
 
 #include "tensor/redistribute_plan.h"
+#include "tensor/shard_math.h"
 
 using namespace dtrain;
 using namespace dtrain::tensor;
@@ -109,6 +110,27 @@ TEST(RedistributePlan, CheaperAxisIsPreferredWhenTheModelSaysSo) {
   RedistributePlan plan = plan_redistribute(p, m);
   EXPECT_LE(plan.cost, naive_plan(p, m).cost);
   EXPECT_LT(plan.seconds, naive_plan(p, m).seconds) << plan.explain();
+}
+
+// A placement given as S(-1) means the last dim, as in Python.
+TEST(RedistributePlan, NegativeShardDimIsTheLastDim) {
+  Placements p = check_placements("test", parse_placements("S(-1)"), 3, 1);
+  EXPECT_EQ(p[0], Shard(2));
+}
+
+// Problems given by hand are checked: meshes without ranks or with more ranks than a job, byte counts that
+// would overflow.
+TEST(RedistributePlan, ProblemsOutOfRangeAreRefused) {
+  RedistributeProblem p = problem({2}, {Shard(0)}, {Replicate()});
+  EXPECT_NO_THROW(check_problem(p));
+  for (auto mesh : {std::vector<int64_t>{0}, std::vector<int64_t>{1000000000, 1000000000}}) {
+    RedistributeProblem q = p;
+    q.mesh_shape = mesh;
+    EXPECT_THROW(check_problem(q), ValueError);
+  }
+  RedistributeProblem big = p;
+  big.shape = {int64_t{1} << 62, 4};
+  EXPECT_THROW(check_problem(big), ValueError);
 }
 
 TEST(RedistributePlan, CacheReturnsTheSamePlan) {

@@ -33,6 +33,20 @@ TextCorpus load_text(const std::string& path, double val_fraction) {
   } else {
     files.push_back(path);
   }
+  // Regular files only (a device such as /dev/zero never ends), and a corpus that fits this loader.
+  constexpr uintmax_t kMaxBytes = uintmax_t{1} << 31;
+  uintmax_t total = 0;
+  for (const auto& f : files) {
+    if (!fs::is_regular_file(f, ec)) {
+      throw ValueError(str_cat("data: '", f.string(), "' is not a regular file (a device, socket or pipe). ",
+                               "Pass a text file or a folder of text files."));
+    }
+    total += fs::file_size(f, ec);
+  }
+  if (total > kMaxBytes) {
+    throw ValueError(str_cat("data: '", path, "' holds ", total, " bytes; this loader reads at most ",
+                             kMaxBytes, " (2 GiB) into memory. Pass a smaller file or folder."));
+  }
   std::vector<uint8_t> bytes;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);

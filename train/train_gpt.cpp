@@ -35,6 +35,15 @@ Placement megatron_placement(const std::string& name) {
 
 int train_gpt(const TrainOptions& o) {
   o.model.validate();
+  if (o.log_every < 1) {
+    throw ValueError(
+        str_cat("train: --log-every ", o.log_every, " must be at least 1. Use e.g. --log-every 20."));
+  }
+  // Batches beyond this machine's reach fail here, naming the flag, rather than deep inside libtorch.
+  if (o.batch > (int64_t{1} << 20) || o.batch * (o.model.block_size + 1) > (int64_t{1} << 30)) {
+    throw ValueError(str_cat("train: --batch ", o.batch, " sequences of ", o.model.block_size + 1,
+                             " tokens is more than 2^30 tokens per step. Use a smaller --batch or --seq."));
+  }
   auto world = dtrain::init();
   const int64_t ws = world->group_size();
   if (o.tp < 1 || ws % o.tp != 0) {

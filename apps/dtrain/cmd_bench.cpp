@@ -21,6 +21,11 @@ int64_t parse_bytes(const std::string& s) {
                              "' is not a size. Use a positive number with an optional unit ",
                              "K, M or G (powers of 1024), e.g. 1K, 64M or 4096."));
   }
+  if (!(v * mult <= static_cast<double>(int64_t{1} << 40))) {
+    throw ValueError(str_cat("bench comm: size '", s,
+                             "' is more than 1 TiB per collective, beyond what a rank ",
+                             "can hold. Use e.g. 64M."));
+  }
   return static_cast<int64_t>(v * mult);
 }
 

@@ -22,11 +22,11 @@ std::vector<int64_t> parse_sizes(const std::string& what, const std::string& s) 
     try {
       size_t used = 0;
       long long v = std::stoll(part, &used);
-      if (used != part.size() || v < 0) throw std::invalid_argument(part);
+      if (used != part.size() || v < 1) throw std::invalid_argument(part);
       out.push_back(v);
     } catch (const std::exception&) {
-      throw ValueError(
-          str_cat("explain: ", what, " '", s, "' is not a comma-separated list of sizes. Write e.g. 2,2."));
+      throw ValueError(str_cat("explain: ", what, " '", s,
+                               "' is not a comma-separated list of sizes of at least 1. Write e.g. 2,2."));
     }
     start = comma + 1;
   }
@@ -63,6 +63,7 @@ int run_explain(const ExplainOptions& opts) {
   p.mesh_shape = parse_sizes("--mesh", opts.mesh);
   p.shape = parse_sizes("--shape", opts.shape);
   p.element_size = element_size(opts.dtype);
+  check_problem(p);
   const int axes = static_cast<int>(p.mesh_shape.size());
   const auto ndim = static_cast<int64_t>(p.shape.size());
   p.from = check_placements("explain --from", parse_placements(opts.from), ndim, axes);

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/env.h"
+
 namespace dtrain::apps {
 
 CLI::App* add_run_command(CLI::App& app, launch::LaunchOptions& opts) {
@@ -24,7 +26,7 @@ CLI::App* add_run_command(CLI::App& app, launch::LaunchOptions& opts) {
       ->capture_default_str();
   sub->add_option_function<double>(
          "--stop-grace",
-         [&opts](double s) { opts.stop_grace = std::chrono::milliseconds(std::llround(s * 1000.0)); },
+         [&opts](double s) { opts.stop_grace = checked_seconds("dtrain run: --stop-grace", s, true); },
          "Seconds between SIGTERM and SIGKILL when stopping ranks")
       ->default_str(std::to_string(std::chrono::duration<double>(opts.stop_grace).count()));
   // The command is everything from the first positional, or everything after `--`, left unparsed so that the

@@ -2,6 +2,7 @@
 // `dtrain explain` (DTensor redistribution plans) and `dtrain train` (GPT on text).
 // Argument parsing and exit codes only; the work is done by the libraries. Exit codes: 0 success, 1 failure
 // at run time, 2 bad usage or input; `dtrain run` passes on its ranks' outcome (see launch/launcher.h).
+#include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "apps/dtrain/cmd_run.h"
 #include "apps/dtrain/cmd_train.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "launch/launcher.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +27,19 @@ int main(int argc, char** argv) {
   CLI::App* explain = dtrain::apps::add_explain_command(app, explain_opts);
   dtrain::train::TrainOptions train_opts;
   CLI::App* train = dtrain::apps::add_train_command(app, train_opts);
+  // A first word that is no command: say so, instead of CLI11's "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
+    if (!known) {
+      std::fprintf(stderr,
+                   "dtrain: error: '%s' is not a dtrain command. Use one of: run, train, explain, bench "
+                   "(`dtrain --help` lists them).\n",
+                   word.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
     if (run->parsed()) return dtrain::launch::run(run_opts);
@@ -39,6 +54,11 @@ int main(int argc, char** argv) {
   } catch (const dtrain::NotSupportedError& e) {
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());
     return 2;
+  } catch (const c10::Error& e) {
+    // libtorch's message without its C++ backtrace, unless asked for (DTRAIN_LOG_LEVEL=debug)
+    const bool debug = dtrain::log_level() == dtrain::LogLevel::kDebug;
+    std::fprintf(stderr, "dtrain: error: %s\n", debug ? e.what() : e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());
     return 1;
