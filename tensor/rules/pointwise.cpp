@@ -7,7 +7,8 @@
 //                              broadcasts along d -> S(d)
 //     linear ones (add, sub,   also all P -> P (same reduce op; no plain tensor argument)
 //     neg, mul/div by Scalar)
-//     mul, div (Tensor)        also one P(sum/avg) factor (the numerator for div), the others R -> P
+//     add, sub                 also P(max|min) first operand, the others R -> the same P (a shift of every
+//     part) mul, div (Tensor)        also one P(sum/avg) factor (the numerator for div), the others R -> P
 //   detach, clone, alias,      every placement to itself
 //     lift_fresh
 //   _to_copy                   every placement to itself, but a Partial only where the cast commutes with
@@ -67,6 +68,21 @@ RuleResult linear_rule(const RuleCall& c) {
       s.push_back({std::vector<Placement>(c.input_shapes.size(), Partial(op)), Partial(op)});
   }
   return s;
+}
+
+// add/sub (and in place): linear, and also a Partial(max) or Partial(min) first operand plus Replicate others
+// stays that Partial: max_i(p_i + a y) = max_i(p_i) + a y for any alpha, since every part shifts alike.
+RuleResult additive_rule(const RuleCall& c) {
+  RuleResult r = linear_rule(c);
+  const size_t n = c.input_shapes.size();
+  if (c.input_shapes[0] == c.out_shape()) {  // the Partial operand must not broadcast
+    for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+      std::vector<Placement> in(n, Replicate());
+      in[0] = Partial(op);
+      r.options.push_back({in, Partial(op)});
+    }
+  }
+  return r;
 }
 
 // mul/div: linear in one factor at a time (for div, the numerator).
@@ -207,9 +223,11 @@ const RuleSpec& pointwise_spec() {
 }
 
 void add_pointwise(RuleTable& t) {
+  for (const char* op : {"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor"}) {
+    t[op] = {additive_rule};
+  }
   for (const char* op :
-       {"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor", "aten::neg",
-        "aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Scalar", "aten::div_.Scalar"}) {
+       {"aten::neg", "aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Scalar", "aten::div_.Scalar"}) {
     t[op] = {linear_rule};
   }
   for (const char* op : {"aten::mul.Tensor", "aten::mul_.Tensor"}) {
