@@ -156,7 +156,8 @@ void refuse_generator(const c10::OperatorHandle& op, const torch::jit::Stack& st
 
 // Random ops: this rank's block of the values one process would draw for the global tensor, from DTensor's
 // stream (tensor/random.h). In place (bernoulli_, uniform_, normal_) the block is overwritten; out of place
-// (rand_like, randn_like) the op makes the block, then it is overwritten.
+// (rand_like, randn_like) a block of the asked dtype is filled (the op itself would draw from, and advance,
+// the process's default generator for nothing).
 RuleResult random_rule(const RuleCall& c) {
   RuleResult r = unpartial_options(c.input_shapes[0].size(), 1);
   std::vector<int64_t> shape = c.input_shapes[0];
@@ -178,9 +179,10 @@ RuleResult random_rule(const RuleCall& c) {
     }
     const auto* alias = op.schema().arguments()[0].alias_info();
     at::Tensor out = stack[0].toTensor();
-    if (alias == nullptr || !alias->isWrite()) {
-      op.callBoxed(&stack);  // allocates the block with the op's dtype and layout
-      out = stack.back().toTensor();
+    if (alias == nullptr || !alias->isWrite()) {  // rand_like(self, dtype?, ...): a block of that dtype
+      const at::ScalarType dtype =
+          stack.size() > 1 && stack[1].isInt() ? stack[1].toScalarType() : out.scalar_type();
+      out = at::empty_like(out, out.options().dtype(dtype));
     }
     auto chunk = local_chunk(shape, mesh->shape(), choice.outputs[0], mesh->coordinate());
     detail::random_fill(out, shape, chunk.offset, mesh, kind, a, b);
