@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -43,6 +44,20 @@ namespace {
 
 int64_t sum_of(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
+// FNV-1a over the counts: equal on every rank exactly when the counts are (up to collisions).
+int64_t hash_of(const std::vector<int64_t>& v) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>(x >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+int64_t op_of(ReduceOp op) { return static_cast<int64_t>(op); }
+
 // A read-only input as a flat contiguous tensor (a copy only when the input is not contiguous).
 at::Tensor flat_input(const at::Tensor& t) { return t.contiguous().view({-1}); }
 
@@ -59,7 +74,7 @@ at::Tensor flat_output(at::Tensor& t, bool read_first, std::function<void()>* co
 }  // namespace
 
 Backend::Backend(std::string name, std::string group_id, std::vector<int> global_ranks, int group_rank,
-                 std::chrono::milliseconds default_timeout, c10::intrusive_ptr<c10d::Store> store)
+                 std::chrono::milliseconds default_timeout, c10::intrusive_ptr<BoundedStore> store)
     : name_(std::move(name)),
       group_id_(std::move(group_id)),
       global_ranks_(std::move(global_ranks)),
@@ -108,7 +123,19 @@ OpInfo Backend::begin(const char* op, std::vector<int> peers, const Timeout& tim
     uint64_t seq = info.seq;
     std::vector<int> waited = info.peers;
     std::string op_name = op;
-    info.diagnose = [board, seq, waited, op_name] { return board->diagnose(seq, waited, op_name); };
+    Clock::time_point issued = info.issued;
+    info.diagnose = [board, seq, waited, op_name, issued] {
+      // An op that fails at once (a peer's connections closed) must not trust entries its peers may not have
+      // published yet, or ranks that did enter are reported as behind: until a second after the op was
+      // issued, a diagnosis that names anyone is read again each publish interval, and the last one stands.
+      const auto settled = issued + std::chrono::milliseconds(1000);
+      std::string d = board->diagnose(seq, waited, op_name);
+      while (!d.empty() && Clock::now() < settled) {
+        std::this_thread::sleep_for(ProgressBoard::kPublishInterval);
+        d = board->diagnose(seq, waited, op_name);
+      }
+      return d;
+    };
   } else {
     info.seq = ++p2p_seq_;
   }
@@ -187,6 +214,7 @@ WorkPtr Backend::all_reduce(at::Tensor& tensor, const AllReduceOptions& opts) {
                              " would truncate. Use sum and divide, or cast to a floating dtype."));
   }
   OpInfo info = begin("all_reduce", all_peers(), opts.timeout, true);
+  sign(&info, 1, tensor, tensor.numel(), 0, op_of(opts.op), -1);
   std::function<void()> copy_back;
   at::Tensor buf = flat_output(tensor, true, &copy_back);
   ReduceOp op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
@@ -221,6 +249,7 @@ WorkPtr Backend::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                              " would truncate. Use sum and divide, or cast to a floating dtype."));
   }
   OpInfo info = begin(op_name, all_peers(), opts.timeout, true);
+  sign(&info, 2, input, sum_of(counts), hash_of(counts), op_of(opts.op), -1);
   at::Tensor in = flat_input(input);
   std::function<void()> copy_back;
   at::Tensor out = flat_output(output, false, &copy_back);
@@ -261,6 +290,7 @@ WorkPtr Backend::all_gather_v(at::Tensor& output, const at::Tensor& input, const
   check_numel(op_name, "input", input.numel(), counts[group_rank_], str_cat("counts[", group_rank_, "]"));
   check_numel(op_name, "output", output.numel(), sum_of(counts), "the sum of counts");
   OpInfo info = begin(op_name, all_peers(), opts.timeout, true);
+  sign(&info, 3, input, sum_of(counts), hash_of(counts), -1, -1);
   at::Tensor in = flat_input(input);
   std::function<void()> copy_back;
   at::Tensor out = flat_output(output, false, &copy_back);
@@ -286,6 +316,7 @@ WorkPtr Backend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
                              group_size() - 1, "). Pass a group rank as root."));
   }
   OpInfo info = begin("broadcast", all_peers(), opts.timeout, true);
+  sign(&info, 4, tensor, tensor.numel(), 0, -1, opts.root);
   std::function<void()> copy_back;
   at::Tensor buf = flat_output(tensor, group_rank_ == opts.root, &copy_back);
   WorkPtr w = buf.numel() == 0 || group_size() == 1 ? std::make_shared<CompletedWork>(info)
@@ -317,6 +348,8 @@ WorkPtr Backend::all_to_all_v(at::Tensor& output, const at::Tensor& input,
   check_numel(op_name, "input", input.numel(), sum_of(send_counts), "the sum of send_counts");
   check_numel(op_name, "output", output.numel(), sum_of(recv_counts), "the sum of recv_counts");
   OpInfo info = begin(op_name, all_peers(), opts.timeout, true);
+  // The counts legitimately differ per rank; only the collective and the dtype must agree.
+  sign(&info, 5, input, 0, 0, -1, -1);
   at::Tensor in = flat_input(input);
   std::function<void()> copy_back;
   at::Tensor out = flat_output(output, false, &copy_back);
@@ -349,6 +382,7 @@ WorkPtr Backend::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
 WorkPtr Backend::barrier(const BarrierOptions& opts) {
   OpInfo info = begin("barrier", all_peers(), opts.timeout, true);
   if (group_size() == 1) return std::make_shared<CompletedWork>(info);
+  sign(&info, 6, at::Tensor(), 0, 0, -1, -1);
   return do_barrier(info);
 }
 

@@ -9,6 +9,12 @@
 // Thread-safety: a Backend is used by one thread at a time (MPI_THREAD_SERIALIZED semantics). Every rank of
 // the group must issue the same collectives in the same order; a rank that does not is named in the
 // TimeoutError of its peers.
+//
+// Agreement: before a collective's data reaches the engine, the ranks exchange its signature (which
+// collective, dtype, element count or counts, reduce op, root; OpInfo::signature) in one small all_gather,
+// on the backend's own thread so that the call stays asynchronous. Ranks that disagree raise a ValueError on
+// every rank (from wait()) naming the rank that differs and what differs, instead of the engine aborting the
+// process (Gloo) or returning a wrong result (same bytes, other dtype; another root).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/bounded_store.h"
 #include "comm/failure_board.h"
 #include "comm/progress_board.h"
 #include "comm/types.h"
@@ -79,7 +86,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
 
  protected:
   Backend(std::string name, std::string group_id, std::vector<int> global_ranks, int group_rank,
-          std::chrono::milliseconds default_timeout, c10::intrusive_ptr<c10d::Store> store);
+          std::chrono::milliseconds default_timeout, c10::intrusive_ptr<BoundedStore> store);
 
   // Engine hooks: contiguous CPU tensors of a supported dtype, arguments already checked; op is never kAvg.
   virtual WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, OpInfo info) = 0;
@@ -103,10 +110,13 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual std::shared_ptr<Backend> do_split(int color, int key, const std::vector<int>& members,
                                             const std::string& group_id) = 0;
 
-  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  const c10::intrusive_ptr<BoundedStore>& store() const { return store_; }
 
  private:
   OpInfo begin(const char* op, std::vector<int> peers, const Timeout& timeout, bool collective);
+  // Sets info->signature for an agreement check (see the class comment).
+  static void sign(OpInfo* info, int64_t kind, const at::Tensor& t, int64_t total, int64_t counts_hash,
+                   int64_t op, int64_t root);
   void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
   void check_counts(const char* op, const char* what, const std::vector<int64_t>& counts) const;
   void check_peer(const char* op, const char* what, int peer) const;
@@ -117,7 +127,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
   std::vector<int> global_ranks_;
   int group_rank_;
   std::chrono::milliseconds default_timeout_;
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<BoundedStore> store_;
   std::shared_ptr<ProgressBoard> board_;
   std::shared_ptr<FailureBoard> failures_;
   uint64_t collective_seq_ = 0;
@@ -126,6 +136,17 @@ class Backend : public std::enable_shared_from_this<Backend> {
 };
 
 using BackendPtr = std::shared_ptr<Backend>;
+
+// Turns the agreement check off (or back on) for this process. For measuring what the check costs
+// (bench/agreement_cost.cpp) only: with it off, ranks that disagree get the engine's behaviour back (an
+// abort, a wrong result). On by default.
+void set_agreement_check(bool on);
+bool agreement_check();
+
+// The agreement check, for the engines: `all` holds every group rank's OpInfo::signature (kSignatureFields
+// int64 each, in group-rank order; `global_ranks[g]` is group rank g's global rank); throws ValueError naming
+// the ranks that differ and how.
+void check_signatures(const OpInfo& info, const int64_t* all, const std::vector<int>& global_ranks);
 
 // Element size and name checks shared by the backends.
 bool is_supported_dtype(at::ScalarType t);

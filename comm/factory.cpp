@@ -1,10 +1,17 @@
 // Backend creation and init(); see factory.h.
 #include "comm/factory.h"
 
+#include <c10/util/Logging.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <thread>
 
 #include "comm/gloo/gloo_backend.h"
+#include "comm/job_store.h"
 #include "comm/mpi/mpi_backend.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -15,10 +22,11 @@ std::vector<std::string> backend_names() { return {"gloo", "mpi", "nccl"}; }
 
 namespace {
 
-BackendPtr create_gloo(const RankInfo& info, std::chrono::milliseconds timeout) {
-  c10::intrusive_ptr<c10d::Store> store;
+BackendPtr create_gloo(const RankInfo& info, std::chrono::milliseconds timeout, const EnvMap& env) {
+  c10::intrusive_ptr<BoundedStore> store;
   if (info.world_size == 1 && info.master_addr.empty()) {
-    store = c10::make_intrusive<c10d::HashStore>();
+    store = c10::make_intrusive<BoundedStore>(c10::make_intrusive<c10d::HashStore>(), "the in-process store",
+                                              timeout);
   } else {
     if (info.master_addr.empty() || info.master_port == 0) {
       throw ValueError(str_cat("gloo backend: rank ", info.rank, " of ", info.world_size,
@@ -27,29 +35,61 @@ BackendPtr create_gloo(const RankInfo& info, std::chrono::milliseconds timeout) 
                                ") to find rank 0. Start the ranks with `dtrain run`, torchrun, or ",
                                "set both; under mpirun, use --backend mpi."));
     }
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(info.master_port);
-    so.isServer = info.rank == 0;
-    so.numWorkers = info.world_size;
-    so.waitWorkers = false;
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    if (std::string problem = loopback_advertise_problem(env, host); !problem.empty())
+      throw ValueError(problem);
+    JobStoreOptions so;
+    so.host = info.master_addr;
+    so.port = info.master_port;
+    so.rank = info.rank;
+    so.world_size = info.world_size;
+    so.loopback_only = single_host_job(env);
+    so.secret = job_secret_from_env(env);
     so.timeout = timeout;
-    try {
-      store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, so);
-    } catch (const std::exception& e) {
-      throw CommError(str_cat(rank_prefix(), " gloo: cannot reach the store at ", info.master_addr, ":",
-                              info.master_port, ": ", e.what(),
-                              " Check MASTER_ADDR/MASTER_PORT and that rank 0 is running."));
-    }
+    store = open_job_store(so).store;
   }
   std::vector<int> global(info.world_size);
   for (int r = 0; r < info.world_size; ++r) global[r] = r;
   return GlooBackend::create(store, "world", global, info.rank, timeout);
 }
 
+// libtorch's own log lines (c10d's store and socket warnings) print the C++ backtrace of the exception they
+// report, tens of frames for one condition that dtrain's own error names anyway. Below DTRAIN_LOG_LEVEL=debug
+// they are silenced (errors only), unless the user set TORCH_CPP_LOG_LEVEL.
+void quiet_libtorch_logs(const EnvMap& env) {
+  if (log_level() == LogLevel::kDebug || env_get(env, "TORCH_CPP_LOG_LEVEL")) return;
+  ::setenv("TORCH_CPP_LOG_LEVEL", "ERROR", 0);  // read by c10d's logger on its first use
+  FLAGS_caffe2_log_level = 2;                   // c10's LOG(WARNING) and below
+}
+
+// Under `dtrain run` (DTRAIN_LAUNCHER_PID): a thread that ends this process when the launcher dies, also
+// where the launcher is not the parent (mpirun in between, a shell wrapper), so that no rank outlives its
+// job.
+void die_with_launcher(const EnvMap& env) {
+  static bool started = false;
+  auto pid = env_get(env, "DTRAIN_LAUNCHER_PID");
+  if (started || !pid || pid->empty()) return;
+  int launcher = std::atoi(pid->c_str());
+  if (launcher <= 1) return;
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, launcher, 0));
+  if (fd < 0) {
+    if (errno == ESRCH) ::kill(::getpid(), SIGKILL);  // already gone
+    return;  // no pidfds: the parent-death signal the launcher set still covers its direct children
+  }
+  started = true;
+  std::thread([fd] {
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    ::kill(::getpid(), SIGKILL);
+  }).detach();
+}
+
 }  // namespace
 
 BackendPtr create_backend(const std::string& name, const RankInfo& info, std::chrono::milliseconds timeout) {
-  if (name == "gloo") return create_gloo(info, timeout);
+  if (name == "gloo") return create_gloo(info, timeout, current_env());
   if (name == "mpi") return MpiBackend::create_world(timeout, info.master_addr);
   if (name == "nccl") {
     throw NotSupportedError(
@@ -74,6 +114,8 @@ BackendPtr init(const InitOptions& opts) {
   RankInfo info = parse_rank_env(env);
   set_log_rank(info.rank, info.world_size);
   set_log_level(log_level_from_env(env));
+  die_with_launcher(env);
+  quiet_libtorch_logs(env);
   std::string name = choose_backend(opts.backend, info, env);
   auto timeout = opts.timeout.value_or(default_timeout(env));
   BackendPtr world = create_backend(name, info, timeout);

@@ -33,7 +33,8 @@ void FailureBoard::post(const std::string& tag, const std::string& message) {
   }
   try {
     std::string line = str_cat(one_line(tag), "\t", rank_, "\t", one_line(message), "\n");
-    store_->append(kKey, std::vector<uint8_t>(line.begin(), line.end()));
+    store_->call("a failure report", StoreClock::now() + kStoreBound,
+                 [line](c10d::Store& s) { s.append(kKey, std::vector<uint8_t>(line.begin(), line.end())); });
   } catch (...) {
     // the store is gone too: the others fall back on their timeouts
   }
@@ -42,9 +43,12 @@ void FailureBoard::post(const std::string& tag, const std::string& message) {
 std::optional<std::string> FailureBoard::foreign_failure() {
   std::string text;
   try {
-    if (!store_->check({kKey})) return std::nullopt;
-    std::vector<uint8_t> v = store_->get(kKey);
-    text.assign(v.begin(), v.end());
+    text = store_->call("reading the failure board", StoreClock::now() + kStoreBound, [](c10d::Store& s) {
+      if (!s.check({kKey})) return std::string();
+      std::vector<uint8_t> v = s.get(kKey);
+      return std::string(v.begin(), v.end());
+    });
+    if (text.empty()) return std::nullopt;
   } catch (...) {
     return std::nullopt;
   }

@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#include "comm/bounded_store.h"
 
 namespace dtrain::comm {
 
@@ -22,7 +22,10 @@ class FailureBoard {
  public:
   static constexpr std::chrono::milliseconds kPollInterval{200};
 
-  FailureBoard(c10::intrusive_ptr<c10d::Store> store, int global_rank)
+  // How long a post or a read may wait for the store.
+  static constexpr std::chrono::milliseconds kStoreBound{1000};
+
+  FailureBoard(c10::intrusive_ptr<BoundedStore> store, int global_rank)
       : store_(std::move(store)), rank_(global_rank) {}
 
   // Posts this rank's failure at `tag` (and remembers the tag as failed here). Never throws: it runs while an
@@ -33,7 +36,7 @@ class FailureBoard {
   std::optional<std::string> foreign_failure();
 
  private:
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<BoundedStore> store_;
   int rank_;
 };
 

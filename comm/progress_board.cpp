@@ -1,21 +1,13 @@
 // ProgressBoard; see progress_board.h.
 #include "comm/progress_board.h"
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <algorithm>
 
 #include "core/error.h"
 
 namespace dtrain::comm {
 
-namespace {
-// How often a rank's progress reaches the store. Timeouts are seconds, so a rank that entered a collective
-// within the last interval can at worst be reported as behind.
-constexpr auto kPublishInterval = std::chrono::milliseconds(100);
-}  // namespace
-
-ProgressBoard::ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string group,
+ProgressBoard::ProgressBoard(c10::intrusive_ptr<BoundedStore> store, std::string group,
                              std::vector<int> global_ranks, int group_rank)
     : store_(std::move(store)),
       group_(std::move(group)),
@@ -45,52 +37,80 @@ void ProgressBoard::enter(uint64_t seq, const char* op) {
 
 void ProgressBoard::publish_loop() {
   uint64_t published = 0;
+  bool store_ok = true;
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    cv_.wait_for(lock, kPublishInterval);
+  for (;;) {
+    if (!stop_) cv_.wait_for(lock, kPublishInterval);
+    // On stop, one last update: a rank that leaves (an error, or a program that ends early) leaves its true
+    // last collective on the board for the others' diagnosis.
+    bool last = stop_;
     uint64_t seq = entered_seq_;
-    if (seq == published || stop_) continue;
+    if (seq == published || !store_ok) {
+      if (last) return;
+      continue;
+    }
     std::string value = str_cat(seq, " ", entered_op_);
     lock.unlock();
     try {
-      store_->set(key(group_rank_), std::vector<uint8_t>(value.begin(), value.end()));
+      std::string k = key(group_rank_);
+      store_->call("a progress update", StoreClock::now() + kReadBound, [k, value](c10d::Store& s) {
+        s.set(k, std::vector<uint8_t>(value.begin(), value.end()));
+      });
       published = seq;
     } catch (const std::exception&) {
-      // The store is gone (its host rank died): progress simply stops being published; diagnose() says so.
+      // The store is gone or silent (its host died or froze): progress stops being published; diagnose()
+      // says so.
+      store_ok = false;
     }
     lock.lock();
+    if (last) return;
   }
 }
 
-std::optional<std::string> ProgressBoard::diagnose(uint64_t seq, const std::vector<int>& peers,
-                                                   const std::string& op) {
+std::string ProgressBoard::diagnose(uint64_t seq, const std::vector<int>& peers, const std::string& op) {
   if (!store_) return std::string();
-  std::string out;
-  try {
-    for (size_t g = 0; g < global_ranks_.size(); ++g) {
-      int peer = global_ranks_[g];
-      if (static_cast<int>(g) == group_rank_ || std::find(peers.begin(), peers.end(), peer) == peers.end()) {
-        continue;
-      }
-      uint64_t their_seq = 0;
-      std::string their_op = "none";
-      if (store_->check({key(static_cast<int>(g))})) {
-        auto bytes = store_->get(key(static_cast<int>(g)));
-        std::string v(bytes.begin(), bytes.end());
-        auto sp = v.find(' ');
-        their_seq = std::stoull(v.substr(0, sp));
-        if (sp != std::string::npos) their_op = v.substr(sp + 1);
-      }
-      if (their_seq < seq) {
-        out +=
-            str_cat("Rank ", peer, " has not entered it (last entered: ",
-                    their_seq == 0 ? std::string("none") : str_cat("seq ", their_seq, ", ", their_op), "). ");
-      } else if (their_seq == seq && their_op != op) {
-        out += str_cat("Rank ", peer, " entered ", their_op, " as seq ", seq, " instead. ");
-      }
+  std::vector<std::string> keys;
+  std::vector<int> who;
+  for (size_t g = 0; g < global_ranks_.size(); ++g) {
+    int peer = global_ranks_[g];
+    if (static_cast<int>(g) == group_rank_ || std::find(peers.begin(), peers.end(), peer) == peers.end()) {
+      continue;
     }
-  } catch (const std::exception&) {
-    return std::nullopt;
+    keys.push_back(key(static_cast<int>(g)));
+    who.push_back(peer);
+  }
+  // One bounded call reads every peer's entry ("" when it never published).
+  std::vector<std::string> values =
+      store_->call("reading the peers' progress", StoreClock::now() + kReadBound, [keys](c10d::Store& s) {
+        std::vector<std::string> v;
+        for (const auto& k : keys) {
+          if (!s.check({k})) {
+            v.emplace_back();
+            continue;
+          }
+          auto bytes = s.get(k);
+          v.emplace_back(bytes.begin(), bytes.end());
+        }
+        return v;
+      });
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    uint64_t their_seq = 0;
+    std::string their_op = "none";
+    const std::string& v = values[i];
+    if (!v.empty()) {
+      auto sp = v.find(' ');
+      their_seq = std::stoull(v.substr(0, sp));
+      if (sp != std::string::npos) their_op = v.substr(sp + 1);
+    }
+    if (their_seq < seq) {
+      out +=
+          str_cat("Rank ", who[i],
+                  " has not entered it, as far as its published progress shows (last seen entering: ",
+                  their_seq == 0 ? std::string("none") : str_cat("seq ", their_seq, ", ", their_op), "). ");
+    } else if (their_seq == seq && their_op != op) {
+      out += str_cat("Rank ", who[i], " entered ", their_op, " as seq ", seq, " instead. ");
+    }
   }
   if (!out.empty()) out.pop_back();
   return out;

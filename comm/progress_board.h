@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#include "comm/bounded_store.h"
 
 namespace dtrain::comm {
 
@@ -20,7 +20,7 @@ namespace dtrain::comm {
 class ProgressBoard {
  public:
   // `global_ranks[g]` is the global rank of group rank g; `group_rank` is this process's index in it.
-  ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string group, std::vector<int> global_ranks,
+  ProgressBoard(c10::intrusive_ptr<BoundedStore> store, std::string group, std::vector<int> global_ranks,
                 int group_rank);
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;
@@ -29,17 +29,21 @@ class ProgressBoard {
   // Records that this rank entered collective `seq` (op name must be a string literal or otherwise outlive
   // the board).
   void enter(uint64_t seq, const char* op);
-  // For collective `seq` (`op`) that did not complete: "Rank 2 has not entered it (last entered: seq 6,
+  // For collective `seq` (`op`) that did not complete: "Rank 2 has not entered it (last seen entering: seq 6,
   // broadcast)." for every peer in `peers` (global ranks) that is behind, and "Rank 3 entered barrier as seq
-  // 7 instead." for a peer that issued a different collective; "" if nothing is known to be wrong; nullopt if
-  // the store cannot be read.
-  std::optional<std::string> diagnose(uint64_t seq, const std::vector<int>& peers, const std::string& op);
+  // 7 instead." for a peer that issued a different collective; "" if nothing is known to be wrong. Reads the
+  // store within kReadBound; CommError (naming the store's host) when it does not answer.
+  std::string diagnose(uint64_t seq, const std::vector<int>& peers, const std::string& op);
+
+  // How long a diagnosis may wait for the store, and how often progress is published.
+  static constexpr std::chrono::milliseconds kReadBound{1000};
+  static constexpr std::chrono::milliseconds kPublishInterval{100};
 
  private:
   void publish_loop();
   std::string key(int group_rank) const;
 
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<BoundedStore> store_;
   std::string group_;
   std::vector<int> global_ranks_;
   int group_rank_;

@@ -63,12 +63,25 @@ void Work::wait_impl(Clock::time_point deadline) {
   // hosts the store may already be gone (it timed out too), and the snapshot still names the missing ranks.
   const auto snapshot_margin = std::min<Clock::duration>(std::chrono::seconds(1), info_.timeout / 4);
   std::optional<std::string> snapshot;
+  std::string board_error;
+  auto read_board = [&]() -> std::optional<std::string> {
+    try {
+      return info_.diagnose();
+    } catch (const std::exception& e) {
+      board_error = e.what();
+      return std::nullopt;
+    }
+  };
   std::function<std::string()> diagnosis = [&]() -> std::string {
     if (!info_.diagnose) return "";
-    std::optional<std::string> now = info_.diagnose();
-    if (now) return *now;
-    if (snapshot) return *snapshot;
-    return "(the peers' progress could not be read: the rank hosting the store may have exited)";
+    if (board_error.empty()) {
+      if (std::optional<std::string> now = read_board()) return *now;
+    }
+    if (snapshot) {
+      return str_cat(*snapshot, snapshot->empty() ? "" : " ",
+                     "(progress read shortly before the deadline; since then ", board_error, ")");
+    }
+    return str_cat("(the peers' progress could not be read: ", board_error, ")");
   };
   // Waits in slices of FailureBoard::kPollInterval, reading between them whether another rank reported a
   // failure (a fast op finishes within the first slice and never reads the board).
@@ -87,12 +100,14 @@ void Work::wait_impl(Clock::time_point deadline) {
   try {
     if (info_.diagnose && deadline == info_.deadline && deadline - Clock::now() > 2 * snapshot_margin) {
       finished = wait_watching(deadline - snapshot_margin);
-      if (!finished) snapshot = info_.diagnose();
+      if (!finished) snapshot = read_board();
     }
     if (!finished) finished = wait_watching(deadline);
   } catch (const Aborted& a) {
     on_timed_out();  // the op is abandoned: the engine may still be in it
     error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " aborted: ", a.why)));
+  } catch (const ValueError&) {
+    error_ = std::current_exception();  // the ranks disagree on the call (agreement): the message is complete
   } catch (const Error& e) {
     error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " failed: ", e.what())));
   } catch (const c10::Error& e) {

@@ -3,6 +3,7 @@
 // past the deadline, naming the op, its sequence number, this rank and the peers it waited for.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -13,6 +14,8 @@
 namespace dtrain::comm {
 
 using Clock = std::chrono::steady_clock;
+
+inline constexpr int kSignatureFields = 6;
 
 // What an error message needs to know about one operation.
 struct OpInfo {
@@ -25,10 +28,13 @@ struct OpInfo {
   Clock::time_point issued;
   Clock::time_point deadline;  // issued + timeout
   // Names the peers that have not reached this op, from the progress board ("" when none is known to be
-  // behind); nullopt when the board cannot be read. May be null.
-  std::function<std::optional<std::string>()> diagnose;
+  // behind); throws when the board cannot be read (the message says why). May be null.
+  std::function<std::string()> diagnose;
   // A failure another rank reported (FailureBoard), read while the op waits; nullopt when none. May be null.
   std::function<std::optional<std::string>()> abort_reason;
+  // What every rank must agree on before the engine moves data (collectives only; see Backend): which
+  // collective, dtype, total elements, hash of per-rank counts, reduce op, root (-1: none). kind 0: no check.
+  std::array<int64_t, kSignatureFields> signature{};
 };
 
 // Thread-safety: a Work is used by the thread that issued it.

@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,11 +26,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "launch/detail/line_relay.h"
 #include "launch/detail/rank_process.h"
 #include "launch/rank_env.h"
@@ -152,6 +155,41 @@ int pick_free_port(const std::string& addr) {
   return port;
 }
 
+// The job secret to hand to the ranks (DTRAIN_JOB_SECRET), or "" when the user gave one (DTRAIN_JOB_SECRET or
+// DTRAIN_JOB_SECRET_FILE, which the ranks read themselves). One node: a fresh secret in the ranks'
+// environment. Several nodes: node 0 writes a fresh one to a file only the user can read and says how to pass
+// it on; the other nodes must be given it.
+std::string job_secret(const LaunchOptions& o, const EnvMap& env) {
+  if (env.count("DTRAIN_JOB_SECRET") || env.count("DTRAIN_JOB_SECRET_FILE") || o.backend == "mpi") return "";
+  if (o.nnodes == 1) return random_hex(32);
+  if (o.node_rank != 0) {
+    throw ValueError(str_cat("dtrain run: node ", o.node_rank, " of a ", o.nnodes,
+                             "-node job has no job secret, so rank 0 would refuse its ranks. Start it with "
+                             "DTRAIN_JOB_SECRET_FILE=<the file node 0 printed> (copied here, mode 600) or "
+                             "DTRAIN_JOB_SECRET=<its contents>."));
+  }
+  std::string home = env.count("HOME") ? env.at("HOME") : "/tmp";
+  std::string dir = home + "/.dtrain";
+  ::mkdir(dir.c_str(), 0700);
+  std::string path = str_cat(dir, "/job-", o.master_port, ".secret");
+  std::string secret = random_hex(32);
+  {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ::fchmod(fd, 0600) != 0) {
+      throw Error(str_cat("dtrain run: cannot write the job secret to ", path, ": ", std::strerror(errno),
+                          ". Set DTRAIN_JOB_SECRET_FILE to a file of your own on every node."));
+    }
+    std::string line = secret + "\n";
+    detail::write_all(fd, line);
+    ::close(fd);
+  }
+  detail::write_all(
+      2, str_cat("dtrain run: the job secret is in ", path,
+                 " (readable only by you). Start the other nodes with DTRAIN_JOB_SECRET_FILE "
+                 "pointing at a copy of it (mode 600), or DTRAIN_JOB_SECRET set to its contents.\n"));
+  return secret;
+}
+
 struct GroupResult {
   bool ok = true;
   int interrupted_by = 0;  // the signal that stopped the launcher, 0 if none
@@ -160,7 +198,8 @@ struct GroupResult {
 // Starts the children of one attempt (see the file comment for the loop) and waits for all of them.
 class Group {
  public:
-  Group(const LaunchOptions& opts, SignalPipe& signals) : opts_(opts), signals_(signals) {}
+  Group(const LaunchOptions& opts, SignalPipe& signals, std::string secret)
+      : opts_(opts), signals_(signals), secret_(std::move(secret)) {}
 
   GroupResult run(int restart_count, const EnvMap& parent_env, int cores) {
     start(restart_count, parent_env, cores);
@@ -173,16 +212,20 @@ class Group {
   void start(int restart_count, const EnvMap& parent_env, int cores) {
     if (opts_.backend == "mpi") {
       auto argv = mpirun_command(opts_, cores, ::geteuid() == 0, parent_env);
-      EnvList env = {{"DTRAIN_RESTART_COUNT", std::to_string(restart_count)}};
-      children_.push_back(std::make_unique<RankProcess>("mpirun", "", argv, env, 1, 2));
+      EnvList env = {{"DTRAIN_RESTART_COUNT", std::to_string(restart_count)},
+                     {"DTRAIN_LAUNCHER_PID", std::to_string(::getpid())}};
+      // SIGTERM, not SIGKILL, when the launcher dies: mpirun then stops its ranks itself.
+      children_.push_back(std::make_unique<RankProcess>("mpirun", "", argv, env, 1, 2, SIGTERM));
       return;
     }
     const int port = opts_.master_port != 0 ? opts_.master_port : pick_free_port(opts_.master_addr);
     for (int local_rank = 0; local_rank < opts_.nproc; ++local_rank) {
       const int rank = opts_.node_rank * opts_.nproc + local_rank;
       auto env = rank_env(opts_, local_rank, restart_count, port, cores, parent_env);
+      env.emplace_back("DTRAIN_LAUNCHER_PID", std::to_string(::getpid()));
+      if (!secret_.empty()) env.emplace_back("DTRAIN_JOB_SECRET", secret_);
       children_.push_back(std::make_unique<RankProcess>(str_cat("rank ", rank), str_cat("[rank ", rank, "] "),
-                                                        opts_.command, env, 1, 2));
+                                                        opts_.command, env, 1, 2, SIGKILL));
     }
   }
 
@@ -223,8 +266,9 @@ class Group {
   }
 
   void on_exit(RankProcess& c) {
+    if (!first_exit_) first_exit_ = Failure{c.label(), c.pid(), c.status(), Clock::now()};
     if (failed(c.status()) && !stopping()) {
-      failure_ = Failure{c.label(), c.pid(), c.status()};
+      failure_ = Failure{c.label(), c.pid(), c.status(), Clock::now()};
       stop(SIGTERM);  // c is a zombie until reaped below, so its group (descendants) is signalled too
     }
     c.reap();
@@ -269,6 +313,13 @@ class Group {
       std::string others = children_.size() > 1 ? "; stopped the other ranks" : "";
       detail::write_all(2, str_cat("dtrain run: ", failure_->label, " (pid ", failure_->pid, ") ",
                                    describe_status(failure_->status), others, forced, "\n"));
+      if (first_exit_ && first_exit_->label != failure_->label) {
+        // The rank that left first is the likelier cause: the others may have failed waiting for it.
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(failure_->when - first_exit_->when);
+        detail::write_all(2, str_cat("dtrain run: ", first_exit_->label, " (pid ", first_exit_->pid,
+                                     ") had already ", describe_status(first_exit_->status), " ", ms.count(),
+                                     " ms earlier, while the others ran: look there first\n"));
+      }
     }
     if (interrupted_by_) {
       r.ok = false;
@@ -285,10 +336,12 @@ class Group {
     std::string label;
     pid_t pid;
     int status;
+    Clock::time_point when;
   };
 
   const LaunchOptions& opts_;
   SignalPipe& signals_;
+  std::string secret_;
   std::vector<std::unique_ptr<RankProcess>> children_;
   std::optional<Clock::time_point> deadline_;  // set once stopping: SIGKILL when it passes
   bool killed_ = false;
@@ -296,6 +349,7 @@ class Group {
   std::string kill_reason_;  // why SIGKILL was sent, for the summary line
   int interrupted_by_ = 0;
   std::optional<Failure> failure_;
+  std::optional<Failure> first_exit_;  // the first child to exit, successful or not
 };
 
 }  // namespace
@@ -305,8 +359,9 @@ int run(const LaunchOptions& opts) {
   SignalPipe signals;
   const EnvMap parent_env = current_env();
   const int cores = available_cores();
+  const std::string secret = job_secret(opts, parent_env);
   for (int attempt = 0;; ++attempt) {
-    GroupResult r = Group(opts, signals).run(attempt, parent_env, cores);
+    GroupResult r = Group(opts, signals, secret).run(attempt, parent_env, cores);
     if (r.ok) return 0;
     if (r.interrupted_by) return 128 + r.interrupted_by;
     if (attempt >= opts.max_restarts) return 1;

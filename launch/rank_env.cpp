@@ -55,6 +55,8 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, int cores, bool 
   cmd.push_back("DTRAIN_BACKEND=mpi");
   cmd.push_back("-x");
   cmd.push_back("DTRAIN_RESTART_COUNT");
+  cmd.push_back("-x");
+  cmd.push_back("DTRAIN_LAUNCHER_PID");
   const std::string threads = std::to_string(threads_per_rank(cores, n));
   for (const char* name : kThreadVars) export_var(name, threads);
   export_var("OMP_WAIT_POLICY", "PASSIVE");

@@ -27,16 +27,18 @@ int available_cores();
 // given port, which may differ from opts.master_port when the launcher picked one), DTRAIN_BACKEND,
 // DTRAIN_RESTART_COUNT, and OMP_NUM_THREADS / MKL_NUM_THREADS / OPENBLAS_NUM_THREADS =
 // threads_per_rank(cores, nproc) and OMP_WAIT_POLICY=PASSIVE, each of these four only when `parent_env` (the
-// launcher's environment) does not set it.
+// launcher's environment) does not set it. The launcher adds DTRAIN_LAUNCHER_PID (ranks that call
+// dtrain::init() exit when that process does) and DTRAIN_JOB_SECRET (comm/job_store.h) itself.
 EnvList rank_env(const LaunchOptions& opts, int local_rank, int restart_count, int master_port, int cores,
                  const EnvMap& parent_env = {});
 
 // The mpirun command line for `--backend mpi` (single node): mpirun -n N [--allow-run-as-root]
 // --oversubscribe
 // --bind-to none --tag-output [--mca mpi_yield_when_idle 1 when N > cores] -x DTRAIN_BACKEND=mpi
-// -x DTRAIN_RESTART_COUNT -x <thread variables> PROGRAM ARGS. DTRAIN_RESTART_COUNT is exported by name: the
-// launcher sets it in mpirun's environment. Thread variables that `parent_env` already sets are exported by
-// name (the user's value wins), the others with the value threads_per_rank(cores, N).
+// -x DTRAIN_RESTART_COUNT -x DTRAIN_LAUNCHER_PID -x <thread variables> PROGRAM ARGS. DTRAIN_RESTART_COUNT and
+// DTRAIN_LAUNCHER_PID are exported by name: the launcher sets them in mpirun's environment. Thread variables
+// that `parent_env` already sets are exported by name (the user's value wins), the others with the value
+// threads_per_rank(cores, N).
 std::vector<std::string> mpirun_command(const LaunchOptions& opts, int cores, bool as_root,
                                         const EnvMap& parent_env = {});
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what dtrain needs on a fresh Debian 12 machine, and nothing else: Debian packages (compiler tools, OpenMPI,
-# Gloo headers, GoogleTest, CLI11, nlohmann-json, toml++, ccache, the fortunes corpus) and a project-local virtual
-# environment .venv with libtorch 2.13 (the CPU wheel). Idempotent: a second run only checks, in seconds.
+# Gloo headers, GoogleTest, CLI11, nlohmann-json, toml++, OpenSSL (HMAC for the job secret), ccache, the fortunes
+# corpus) and a project-local virtual environment .venv with libtorch 2.13 (the CPU wheel). Idempotent: a second run
+# only checks, in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache pkg-config python3-venv openmpi-bin libopenmpi-dev libgloo-dev
-  libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev fortunes fortunes-min clang-format)
+  libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev fortunes fortunes-min clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

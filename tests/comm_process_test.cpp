@@ -17,42 +17,15 @@
 #include <sstream>
 
 #include "launch/launcher.h"
+#include "tests/process_job.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Job {
-  int rc = -1;
-  fs::path dir;
-  double seconds = 0;
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-Job run_worker(const std::string& backend, int n, const std::string& suite, const std::string& timeout = "60",
-               const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  Job job;
-  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
-  job.dir = mkdtemp(tmpl);
-  dtrain::launch::LaunchOptions o;
-  o.nproc = n;
-  o.backend = backend;
-  o.stop_grace = std::chrono::milliseconds(2000);
-  o.command = {DTRAIN_COMM_WORKER, suite, job.dir.string()};
-  setenv("DTRAIN_TIMEOUT", timeout.c_str(), 1);
-  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-  auto t0 = std::chrono::steady_clock::now();
-  job.rc = dtrain::launch::run(o);
-  for (const auto& [k, v] : env) unsetenv(k.c_str());
-  job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return job;
-}
+using dtrain::test::Job;
+using dtrain::test::read_file;
+using dtrain::test::run_worker;
 
 void expect_all_ok(const Job& job, int n) {
   EXPECT_EQ(job.rc, 0);
@@ -377,6 +350,7 @@ TEST(MultiNode, GlooMeshAcrossTwoLaunchers) {
   fs::path dir = mkdtemp(tmpl);
   std::string port = std::to_string(free_port());
   setenv("DTRAIN_TIMEOUT", "60", 1);
+  setenv("DTRAIN_JOB_SECRET", "two-launchers-share-this", 1);  // several nodes: the user hands out the secret
   std::vector<std::string> args{DTRAIN_BINARY,
                                 "run",
                                 "-n",
@@ -408,6 +382,7 @@ TEST(MultiNode, GlooMeshAcrossTwoLaunchers) {
   int rc0 = dtrain::launch::run(o);
   int status = 0;
   waitpid(node1, &status, 0);
+  unsetenv("DTRAIN_JOB_SECRET");
   EXPECT_EQ(rc0, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "node 1 status " << status;
   expect_all_ok(Job{rc0, dir, 0}, 4);

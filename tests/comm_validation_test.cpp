@@ -3,7 +3,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+
 #include "comm/factory.h"
+#include "comm/gloo/gloo_backend.h"
+#include "comm/job_store.h"
 #include "core/error.h"
 
 using namespace dtrain;
@@ -86,6 +93,70 @@ TEST(CommValidation, ChooseBackend) {
   EXPECT_EQ(comm::choose_backend("", mpirun, {}), "mpi");
   mpirun.master_addr = "10.0.0.1";
   EXPECT_EQ(comm::choose_backend("", mpirun, {}), "gloo");
+}
+
+// A multi-host job whose host name resolves to loopback would advertise 127.x to the other hosts: refused
+// with the variable to set; a single-host job, or one with GLOO_SOCKET_IFNAME, is fine.
+TEST(CommValidation, LoopbackAdvertisedToOtherHostsIsRefused) {
+  EnvMap multi{{"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}};
+  std::string problem = comm::loopback_advertise_problem(multi, "localhost");
+  EXPECT_NE(problem.find("a loopback address"), std::string::npos) << problem;
+  EXPECT_NE(problem.find("Set GLOO_SOCKET_IFNAME"), std::string::npos) << problem;
+  EnvMap with_ifname = multi;
+  with_ifname["GLOO_SOCKET_IFNAME"] = "eth0";
+  EXPECT_EQ(comm::loopback_advertise_problem(with_ifname, "localhost"), "");
+  EnvMap single_host{{"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"}};
+  EXPECT_EQ(comm::loopback_advertise_problem(single_host, "localhost"), "");
+  EXPECT_TRUE(comm::single_host_job({{"MASTER_ADDR", "127.0.0.1"}}));
+  EXPECT_FALSE(comm::single_host_job(multi));
+}
+
+TEST(CommValidation, JobSecretFromTheEnvironmentOrAPrivateFile) {
+  EXPECT_EQ(comm::job_secret_from_env({{"DTRAIN_JOB_SECRET", "abc"}}), "abc");
+  EXPECT_EQ(comm::job_secret_from_env({}), "");
+  char tmpl[] = "/tmp/dtrain_secret_XXXXXX";
+  int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "s3cret\n", 7), 7);
+  close(fd);
+  chmod(tmpl, 0644);
+  EXPECT_NE(error_of([&] {
+              comm::job_secret_from_env({{"DTRAIN_JOB_SECRET_FILE", tmpl}});
+            }).find("can be read by other users (mode 644). Run `chmod 600"),
+            std::string::npos);
+  chmod(tmpl, 0600);
+  EXPECT_EQ(comm::job_secret_from_env({{"DTRAIN_JOB_SECRET_FILE", tmpl}}), "s3cret");
+  std::remove(tmpl);
+  EXPECT_NE(error_of([&] {
+              comm::job_secret_from_env({{"DTRAIN_JOB_SECRET_FILE", tmpl}});
+            }).find("is not a readable file"),
+            std::string::npos);
+  EXPECT_EQ(comm::random_secret().size(), 64u);
+  EXPECT_NE(comm::random_secret(), comm::random_secret());
+}
+
+// The agreement check on gathered signatures: the rank that differs is named with both values.
+TEST(CommValidation, SignaturesThatDifferNameTheRank) {
+  comm::OpInfo info;
+  info.op = "all_reduce";
+  info.backend = "gloo";
+  info.group = "world";
+  info.seq = 5;
+  const int64_t f = static_cast<int64_t>(at::kFloat), i = static_cast<int64_t>(at::kInt);
+  std::vector<int64_t> same{1, f, 4, 0, 0, -1, 1, f, 4, 0, 0, -1, 1, f, 4, 0, 0, -1};
+  EXPECT_NO_THROW(comm::check_signatures(info, same.data(), {0, 1, 2}));
+  std::vector<int64_t> dtype = same;
+  dtype[13] = i;
+  EXPECT_NE(error_of([&] {
+              comm::check_signatures(info, dtype.data(), {0, 1, 2});
+            }).find("the ranks disagree on the dtype: rank 2 passed Int where ranks 0, 1 passed Float"),
+            std::string::npos);
+  std::vector<int64_t> kind = same;
+  kind[0] = 6;  // group rank 0 (global rank 4) entered a barrier
+  EXPECT_NE(error_of([&] {
+              comm::check_signatures(info, kind.data(), {4, 5, 6});
+            }).find("rank 4 passed barrier where ranks 5, 6 passed all_reduce"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -326,6 +326,18 @@ int main(int argc, char** argv) {
       suite_short_wait(*world);
     } else if (suite == "delayed") {
       suite_delayed(*world);
+    } else if (suite == "freeze") {
+      suite_freeze(world, dir);
+    } else if (suite == "cut-link") {
+      suite_cut_link(world, dir);
+    } else if (suite == "await-go") {
+      suite_await_go(world, dir);
+    } else if (suite == "linger") {
+      suite_linger(world, dir);
+    } else if (suite == "early-exit") {
+      suite_early_exit(world, dir);
+    } else if (suite.rfind("mismatch-", 0) == 0) {
+      suite_mismatch(world, dir, suite.substr(9));
     } else if (suite == "missing-rank") {
       suite_missing_rank(*world, out);
     } else {

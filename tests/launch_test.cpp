@@ -156,6 +156,8 @@ TEST(MpirunCommand, OversubscribedAsRoot) {
                                    "-x",
                                    "DTRAIN_RESTART_COUNT",
                                    "-x",
+                                   "DTRAIN_LAUNCHER_PID",
+                                   "-x",
                                    "OMP_NUM_THREADS=1",
                                    "-x",
                                    "MKL_NUM_THREADS",
@@ -439,6 +441,7 @@ int free_port() {
 
 TEST(Launcher, TwoNodesShareOneWorld) {
   const int port = free_port();
+  setenv("DTRAIN_JOB_SECRET", "two-nodes-share-this", 1);  // several nodes: the user hands out the secret
   std::vector<Launched> nodes;
   for (int node = 0; node < 2; ++node) {
     auto o = fake(2, {"--check-env"});
@@ -456,6 +459,7 @@ TEST(Launcher, TwoNodesShareOneWorld) {
     EXPECT_EQ(count_of(r.out, "master=127.0.0.1:" + std::to_string(port)), 2) << r.out;
     all += r.out;
   }
+  unsetenv("DTRAIN_JOB_SECRET");
   for (int rank = 0; rank < 4; ++rank) {
     const std::string s = "[rank " + std::to_string(rank) + "] env rank=" + std::to_string(rank) + " ";
     EXPECT_EQ(count_of(all, s), 1) << all;

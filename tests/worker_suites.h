@@ -25,4 +25,23 @@ void suite_hardening(const comm::BackendPtr& world);
 // (or caught the error) and the message.
 void suite_failfast(const comm::BackendPtr& world, const std::string& dir);
 
+// Fault suites (tests/worker_faults.cpp), for tests/fault_test.cpp.
+// Rank 0 stops itself (SIGSTOP) after one all_reduce; the others enter the next and write "freeze<r>.txt"
+// with the elapsed time and the error, then exit with code 3.
+void suite_freeze(const comm::BackendPtr& world, const std::string& dir);
+// Writes "pid<r>.txt", passes a barrier, then sleeps for a minute without printing.
+void suite_linger(const comm::BackendPtr& world, const std::string& dir);
+// Writes "pid<r>.txt", passes a barrier, waits for the file "go" in `dir` (60 s at most), then checks one
+// all_reduce.
+void suite_await_go(const comm::BackendPtr& world, const std::string& dir);
+// The last rank returns (exit code 0) after a barrier; the others enter an all_reduce and write
+// "early<r>.txt" with the error, then exit with code 3.
+void suite_early_exit(const comm::BackendPtr& world, const std::string& dir);
+// One all_reduce, then "ready<r>.txt", then an all_reduce every 50 ms until one fails (the test cuts the
+// link): writes "cut<r>.txt" with that op's elapsed time and error, then exits with code 3.
+void suite_cut_link(const comm::BackendPtr& world, const std::string& dir);
+// The last rank differs from the others in `which` (dtype, count, op, root, skip, gather-counts, mesh); every
+// rank writes "mismatch<r>.txt": "caught <message>" or "completed".
+void suite_mismatch(const comm::BackendPtr& world, const std::string& dir, const std::string& which);
+
 }  // namespace dtrain::test

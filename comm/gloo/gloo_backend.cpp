@@ -5,6 +5,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -12,6 +17,8 @@
 #include <thread>
 
 #include "comm/completion.h"
+#include "comm/job_store.h"
+#include "comm/serial_thread.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -40,19 +47,31 @@ c10d::ReduceOp c10d_op(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
+// A collective's c10d Work, known at once or once the issuer thread started it.
+struct Issued {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;                    // guarded by mu
+  std::exception_ptr error;             // guarded by mu: the agreement failed, or starting it did
+  c10::intrusive_ptr<c10d::Work> work;  // guarded by mu
+};
+
 class GlooWork : public Work {
  public:
   GlooWork(OpInfo info, c10::intrusive_ptr<c10d::Work> work)
       : Work(std::move(info)), work_(std::move(work)) {}
+  GlooWork(OpInfo info, std::shared_ptr<Issued> issued) : Work(std::move(info)), issued_(std::move(issued)) {}
 
  protected:
   bool poll() override {
+    if (!started(Clock::now())) return false;
     if (!work_->isCompleted()) return false;
     if (!work_->isSuccess()) std::rethrow_exception(work_->exception());
     return true;
   }
 
   bool wait_until(Clock::time_point deadline) override {
+    if (!started(deadline)) return false;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return poll();
     try {
@@ -66,71 +85,40 @@ class GlooWork : public Work {
   }
 
  private:
+  // Whether the c10d Work exists (waiting for the issuer until `deadline`); rethrows the issuer's error.
+  bool started(Clock::time_point deadline) {
+    if (work_) return true;
+    std::unique_lock<std::mutex> lock(issued_->mu);
+    if (!issued_->cv.wait_until(lock, deadline, [&] { return issued_->done; })) return false;
+    if (issued_->error) std::rethrow_exception(issued_->error);
+    work_ = issued_->work;
+    return true;
+  }
+
+  std::shared_ptr<Issued> issued_;
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
 }  // namespace
 
-// Waits for c10d's send/recv Works on a thread of its own, in issue order. Their isCompleted() only turns
-// true inside wait(), and a timed wait() on them that expires closes every connection of the group, so a
-// caller's short wait must never reach them: the waiter waits once, up to the op's own deadline, and the
-// caller waits on the waiter.
-class GlooBackend::P2pWaiter {
- public:
-  P2pWaiter() : thread_([this] { loop(); }) {}
-  ~P2pWaiter() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();  // each queued wait ends by its op's deadline
-  }
+namespace {
 
-  std::shared_ptr<Completion> add(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline) {
-    auto state = std::make_shared<Completion>();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({std::move(work), deadline, state});
-    }
-    cv_.notify_one();
-    return state;
-  }
+// The agreement check of one signed collective (Backend): all-gathers the signatures through `pg` (waited for
+// here, up to the op's deadline) and compares them.
+void agree(c10d::ProcessGroupGloo& pg, const OpInfo& info, const std::vector<int>& global_ranks) {
+  const int n = static_cast<int>(global_ranks.size());
+  at::Tensor mine = at::empty({kSignatureFields}, at::kLong);
+  std::copy(info.signature.begin(), info.signature.end(), mine.data_ptr<int64_t>());
+  at::Tensor all = at::empty({n * kSignatureFields}, at::kLong);
+  c10d::AllgatherOptions o;
+  o.timeout = info.timeout + kGlooGrace;
+  auto w = pg._allgather_base(all, mine, o);
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(info.deadline - Clock::now());
+  w->wait(std::max(left, std::chrono::milliseconds(1)) + kGlooGrace);
+  check_signatures(info, all.data_ptr<int64_t>(), global_ranks);
+}
 
- private:
-  struct Item {
-    c10::intrusive_ptr<c10d::Work> work;
-    Clock::time_point deadline;
-    std::shared_ptr<Completion> state;
-  };
-
-  void loop() {
-    for (;;) {
-      Item item;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::exception_ptr error;
-      try {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(item.deadline - Clock::now());
-        item.work->wait(std::max(left, std::chrono::milliseconds(1)) + kGlooGrace);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      item.state->finish(error);
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;  // guarded by mu_
-  bool stop_ = false;       // guarded by mu_
-  std::thread thread_;
-};
+}  // namespace
 
 namespace {
 
@@ -167,7 +155,48 @@ void unpad_chunks(const at::Tensor& padded, const std::vector<int64_t>& counts, 
 
 }  // namespace
 
-std::shared_ptr<GlooBackend> GlooBackend::create(c10::intrusive_ptr<c10d::Store> store, std::string group_id,
+std::string loopback_advertise_problem(const EnvMap& env, const std::string& hostname) {
+  if (auto ifname = env_get(env, "GLOO_SOCKET_IFNAME"); ifname && !ifname->empty()) return "";
+  if (single_host_job(env)) return "";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(hostname.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
+  bool all_loopback = true;
+  std::string first;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    char text[NI_MAXHOST] = {0};
+    ::getnameinfo(ai->ai_addr, ai->ai_addrlen, text, sizeof(text), nullptr, 0, NI_NUMERICHOST);
+    if (first.empty()) first = text;
+    std::string a = text;
+    if (!(a.rfind("127.", 0) == 0 || a == "::1")) all_loopback = false;
+  }
+  ::freeaddrinfo(res);
+  if (!all_loopback) return "";
+  std::string interfaces;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+      char text[NI_MAXHOST] = {0};
+      ::getnameinfo(i->ifa_addr, sizeof(sockaddr_in), text, sizeof(text), nullptr, 0, NI_NUMERICHOST);
+      if (std::string(text).rfind("127.", 0) == 0) continue;
+      interfaces += str_cat(interfaces.empty() ? "" : ", ", i->ifa_name, " (", text, ")");
+    }
+    ::freeifaddrs(ifs);
+  }
+  return str_cat(rank_prefix(), " gloo: this job spans several hosts (LOCAL_WORLD_SIZE ",
+                 env_get(env, "LOCAL_WORLD_SIZE").value_or("unset"), " of WORLD_SIZE ",
+                 env_get(env, "WORLD_SIZE").value_or("unset"), ", MASTER_ADDR ",
+                 env_get(env, "MASTER_ADDR").value_or("unset"), ") but this host's name '", hostname,
+                 "' resolves to ", first,
+                 ", a loopback address: Gloo would advertise it and the other hosts could not connect. Set "
+                 "GLOO_SOCKET_IFNAME to the interface that reaches them",
+                 interfaces.empty() ? "" : str_cat(" (this host has: ", interfaces, ")"),
+                 ", or fix the name's entry in /etc/hosts.");
+}
+
+std::shared_ptr<GlooBackend> GlooBackend::create(c10::intrusive_ptr<BoundedStore> store, std::string group_id,
                                                  std::vector<int> global_ranks, int group_rank,
                                                  std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupGloo::Options::create();
@@ -178,29 +207,85 @@ std::shared_ptr<GlooBackend> GlooBackend::create(c10::intrusive_ptr<c10d::Store>
   opts->group_name = group_id;
   int size = static_cast<int>(global_ranks.size());
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(str_cat("dtrain/gloo/", group_id), store);
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  // Gloo's full-mesh connect retries past its own timeout; the whole construction is bounded by ours.
+  auto holder = std::make_shared<c10::intrusive_ptr<c10d::ProcessGroupGloo>>();
+  const std::string hint =
+      "Check that every rank started, and on several hosts that GLOO_SOCKET_IFNAME names an interface the "
+      "other hosts can reach.";
   try {
-    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, size, opts);
+    run_bounded(
+        str_cat("gloo: connecting group ", group_id, " (", size, " ranks)"), StoreClock::now() + timeout,
+        [holder, prefixed, group_rank, size, opts] {
+          *holder = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, group_rank, size, opts);
+        },
+        hint);
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CommError(str_cat(rank_prefix(), " gloo: connecting group ", group_id, " (", size,
+                            " ranks) failed: ", e.what_without_backtrace(), " ", hint));
   } catch (const std::exception& e) {
     throw CommError(str_cat(rank_prefix(), " gloo: connecting group ", group_id, " (", size,
-                            " ranks) failed: ", e.what(),
-                            " Check that every rank started and that MASTER_ADDR/MASTER_PORT reach rank 0."));
+                            " ranks) failed: ", e.what(), " ", hint));
   }
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg = *holder;
   return std::shared_ptr<GlooBackend>(new GlooBackend(pg, std::move(store), std::move(group_id),
                                                       std::move(global_ranks), group_rank, timeout));
 }
 
-GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, c10::intrusive_ptr<c10d::Store> store,
-                         std::string group_id, std::vector<int> global_ranks, int group_rank,
-                         std::chrono::milliseconds timeout)
+GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
+                         c10::intrusive_ptr<BoundedStore> store, std::string group_id,
+                         std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout)
     : Backend("gloo", std::move(group_id), std::move(global_ranks), group_rank, timeout, std::move(store)),
       pg_(std::move(pg)) {}
 
 GlooBackend::~GlooBackend() = default;
 
-GlooBackend::P2pWaiter* GlooBackend::waiter() {
-  if (!waiter_) waiter_ = std::make_unique<P2pWaiter>();
-  return waiter_.get();
+// A signed collective goes through the issuer thread: the agreement check, then the c10d call, one collective
+// at a time in issue order (so every rank starts its collectives in the same order), while the caller's Work
+// waits for the Issued state instead of blocking the caller.
+WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
+  if (info.signature[0] == 0) return std::make_shared<GlooWork>(std::move(info), start());
+  if (!issuer_) issuer_ = std::make_unique<SerialThread>();
+  auto issued = std::make_shared<Issued>();
+  issuer_->post([pg = pg_, info, start = std::move(start), issued, ranks = global_ranks()] {
+    std::exception_ptr error;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      agree(*pg, info, ranks);
+      work = start();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(issued->mu);
+      issued->done = true;
+      issued->error = error;
+      issued->work = work;
+    }
+    issued->cv.notify_all();
+  });
+  return std::make_shared<GlooWork>(std::move(info), std::move(issued));
+}
+
+// c10d's send/recv Works: their isCompleted() only turns true inside wait(), and a timed wait() on them that
+// expires closes every connection of the group, so a caller's short wait must never reach them. The waiter
+// thread waits on each once, in issue order, up to the op's own deadline, and the caller waits on the waiter.
+std::shared_ptr<Completion> GlooBackend::wait_in_order(c10::intrusive_ptr<c10d::Work> work,
+                                                       Clock::time_point deadline) {
+  if (!waiter_) waiter_ = std::make_unique<SerialThread>();
+  auto state = std::make_shared<Completion>();
+  waiter_->post([work, deadline, state] {
+    std::exception_ptr error;
+    try {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      work->wait(std::max(left, std::chrono::milliseconds(1)) + kGlooGrace);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    state->finish(error);
+  });
+  return state;
 }
 
 namespace {
@@ -211,16 +296,18 @@ WorkPtr GlooBackend::do_all_reduce(at::Tensor& t, ReduceOp op, OpInfo info) {
   c10d::AllreduceOptions o;
   o.reduceOp = c10d_op(op);
   o.timeout = gloo_timeout(info);
-  std::vector<at::Tensor> ts{t};
-  return std::make_shared<GlooWork>(std::move(info), pg_->allreduce(ts, o));
+  return issue(std::move(info), [pg = pg_, t, o]() mutable {
+    std::vector<at::Tensor> ts{t};
+    return pg->allreduce(ts, o);
+  });
 }
 
 WorkPtr GlooBackend::do_reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op, OpInfo info) {
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d_op(op);
   o.timeout = gloo_timeout(info);
-  at::Tensor input = in;
-  return std::make_shared<GlooWork>(std::move(info), pg_->_reduce_scatter_base(out, input, o));
+  return issue(std::move(info),
+               [pg = pg_, out, input = in, o]() mutable { return pg->_reduce_scatter_base(out, input, o); });
 }
 
 WorkPtr GlooBackend::do_reduce_scatter_v(at::Tensor& out, const at::Tensor& in,
@@ -240,8 +327,8 @@ WorkPtr GlooBackend::do_reduce_scatter_v(at::Tensor& out, const at::Tensor& in,
 WorkPtr GlooBackend::do_all_gather(at::Tensor& out, const at::Tensor& in, OpInfo info) {
   c10d::AllgatherOptions o;
   o.timeout = gloo_timeout(info);
-  at::Tensor input = in;
-  return std::make_shared<GlooWork>(std::move(info), pg_->_allgather_base(out, input, o));
+  return issue(std::move(info),
+               [pg = pg_, out, input = in, o]() mutable { return pg->_allgather_base(out, input, o); });
 }
 
 WorkPtr GlooBackend::do_all_gather_v(at::Tensor& out, const at::Tensor& in,
@@ -262,8 +349,10 @@ WorkPtr GlooBackend::do_broadcast(at::Tensor& t, int root, OpInfo info) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = gloo_timeout(info);
-  std::vector<at::Tensor> ts{t};
-  return std::make_shared<GlooWork>(std::move(info), pg_->broadcast(ts, o));
+  return issue(std::move(info), [pg = pg_, t, o]() mutable {
+    std::vector<at::Tensor> ts{t};
+    return pg->broadcast(ts, o);
+  });
 }
 
 WorkPtr GlooBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
@@ -271,28 +360,28 @@ WorkPtr GlooBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
                                      const std::vector<int64_t>& recv_counts, OpInfo info) {
   c10d::AllToAllOptions o;
   o.timeout = gloo_timeout(info);
-  at::Tensor input = in;
   std::vector<int64_t> out_splits = recv_counts, in_splits = send_counts;
-  return std::make_shared<GlooWork>(std::move(info),
-                                    pg_->alltoall_base(out, input, out_splits, in_splits, o));
+  return issue(std::move(info), [pg = pg_, out, input = in, out_splits, in_splits, o]() mutable {
+    return pg->alltoall_base(out, input, out_splits, in_splits, o);
+  });
 }
 
 WorkPtr GlooBackend::do_send(const at::Tensor& t, int dst, int tag, OpInfo info) {
   std::vector<at::Tensor> ts{t};
-  auto state = waiter()->add(pg_->send(ts, dst, tag), info.deadline);
+  auto state = wait_in_order(pg_->send(ts, dst, tag), info.deadline);
   return std::make_shared<CompletionWork>(std::move(info), std::move(state));
 }
 
 WorkPtr GlooBackend::do_recv(at::Tensor& t, int src, int tag, OpInfo info) {
   std::vector<at::Tensor> ts{t};
-  auto state = waiter()->add(pg_->recv(ts, src, tag), info.deadline);
+  auto state = wait_in_order(pg_->recv(ts, src, tag), info.deadline);
   return std::make_shared<CompletionWork>(std::move(info), std::move(state));
 }
 
 WorkPtr GlooBackend::do_barrier(OpInfo info) {
   c10d::BarrierOptions o;
   o.timeout = gloo_timeout(info);
-  return std::make_shared<GlooWork>(std::move(info), pg_->barrier(o));
+  return issue(std::move(info), [pg = pg_, o]() mutable { return pg->barrier(o); });
 }
 
 std::shared_ptr<Backend> GlooBackend::do_split(int color, int key, const std::vector<int>& members,

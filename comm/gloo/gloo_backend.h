@@ -5,18 +5,28 @@
 #pragma once
 
 #include "comm/backend.h"
+#include "comm/completion.h"
+#include "comm/serial_thread.h"
+#include "core/env.h"
 
 namespace c10d {
 class ProcessGroupGloo;
-}
+class Work;
+}  // namespace c10d
 
 namespace dtrain::comm {
+
+// For a job spanning several hosts (not single_host_job(env)) without GLOO_SOCKET_IFNAME: Gloo advertises
+// the address `hostname` resolves to, and when that is a loopback address the other hosts cannot connect.
+// Returns the error to raise (naming GLOO_SOCKET_IFNAME and this host's interfaces), or "" when there is no
+// such problem.
+std::string loopback_advertise_problem(const EnvMap& env, const std::string& hostname);
 
 class GlooBackend : public Backend {
  public:
   // Connects `size` ranks through `store` (a c10d TCPStore, or a PrefixStore for a sub-group). Collective:
   // every rank of the group calls it. `global_ranks` maps group ranks to global ranks.
-  static std::shared_ptr<GlooBackend> create(c10::intrusive_ptr<c10d::Store> store, std::string group_id,
+  static std::shared_ptr<GlooBackend> create(c10::intrusive_ptr<BoundedStore> store, std::string group_id,
                                              std::vector<int> global_ranks, int group_rank,
                                              std::chrono::milliseconds timeout);
   ~GlooBackend() override;
@@ -40,18 +50,20 @@ class GlooBackend : public Backend {
                                     const std::string& group_id) override;
 
  private:
-  GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, c10::intrusive_ptr<c10d::Store> store,
+  GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, c10::intrusive_ptr<BoundedStore> store,
               std::string group_id, std::vector<int> global_ranks, int group_rank,
               std::chrono::milliseconds timeout);
 
+  // Issues a collective: at once when it carries no signature, else on the issuer thread after the ranks
+  // agreed on it (Backend's agreement check).
+  WorkPtr issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
+
+  // Waits for a c10d send/recv Work on the waiter thread (see gloo_backend.cpp); the Completion says when.
+  std::shared_ptr<Completion> wait_in_order(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline);
+
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
-
- public:
-  class P2pWaiter;  // waits for send/recv on a thread of its own (gloo_backend.cpp)
-
- private:
-  P2pWaiter* waiter();
-  std::unique_ptr<P2pWaiter> waiter_;  // started on the first send/recv; destroyed before pg_
+  std::unique_ptr<SerialThread> waiter_;  // send/recv waits; started on first use; destroyed before pg_
+  std::unique_ptr<SerialThread> issuer_;  // signed collectives; started on first use; destroyed before pg_
 };
 
 }  // namespace dtrain::comm

@@ -5,7 +5,6 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <unistd.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
 #include <climits>
@@ -14,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/job_store.h"
 #include "comm/mpi/detail/comm_thread.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -193,8 +193,9 @@ std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds t
   // finish.
   struct Setup {
     MPI_Comm comm = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
-    int rank = 0, size = 1, port = 0;
+    int rank = 0, size = 1, port = 0, local_size = 0;
     char host[256] = {0};
+    char secret[65] = {0};
   };
   auto setup = std::make_shared<Setup>();
   try {
@@ -205,38 +206,44 @@ std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds t
           check_mpi(MPI_Comm_dup(setup->comm, &setup->p2p), "MPI_Comm_dup");
           MPI_Comm_rank(setup->comm, &setup->rank);
           MPI_Comm_size(setup->comm, &setup->size);
+          MPI_Comm local = MPI_COMM_NULL;
+          check_mpi(MPI_Comm_split_type(setup->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local),
+                    "MPI_Comm_split_type");
+          MPI_Comm_size(local, &setup->local_size);
+          MPI_Comm_free(&local);
         },
         timeout, "MPI_Comm_dup");
 
-    // The progress store: rank 0 serves it on a free port; its host and port travel over MPI.
-    c10d::TCPStoreOptions so;
-    so.numWorkers = setup->size;
-    so.waitWorkers = false;
+    // The progress store: rank 0 serves it on a free port (loopback only when every rank is on this host);
+    // its host, port and a fresh job secret travel over MPI, and every rank joins as under gloo.
+    JobStoreOptions so;
+    so.rank = setup->rank;
+    so.world_size = setup->size;
     so.timeout = timeout;
-    c10::intrusive_ptr<c10d::Store> store;
+    so.loopback_only = setup->local_size == setup->size;
     if (setup->rank == 0) {
-      so.isServer = true;
-      so.port = 0;
-      auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-      setup->port = server->getPort();
-      if (!store_host.empty()) {
+      so.listen_fd = listen_for_store(so.loopback_only, 0);
+      setup->port = bound_port(so.listen_fd);
+      if (so.loopback_only) {
+        std::snprintf(setup->host, sizeof(setup->host), "127.0.0.1");
+      } else if (!store_host.empty()) {
         std::snprintf(setup->host, sizeof(setup->host), "%s", store_host.c_str());
       } else {
         gethostname(setup->host, sizeof(setup->host) - 1);
       }
-      store = server;
+      std::snprintf(setup->secret, sizeof(setup->secret), "%s", random_secret().c_str());
     }
     thread->run(
         [setup] {
           check_mpi(MPI_Bcast(&setup->port, 1, MPI_INT, 0, setup->comm), "MPI_Bcast");
           check_mpi(MPI_Bcast(setup->host, sizeof(setup->host), MPI_CHAR, 0, setup->comm), "MPI_Bcast");
+          check_mpi(MPI_Bcast(setup->secret, sizeof(setup->secret), MPI_CHAR, 0, setup->comm), "MPI_Bcast");
         },
         timeout, "sharing the store address (MPI_Bcast from rank 0)");
-    if (setup->rank != 0) {
-      so.isServer = false;
-      so.port = static_cast<uint16_t>(setup->port);
-      store = c10::make_intrusive<c10d::TCPStore>(std::string(setup->host), so);
-    }
+    so.host = setup->host;
+    so.port = setup->port;
+    so.secret = setup->secret;
+    c10::intrusive_ptr<BoundedStore> store = open_job_store(so).store;
     std::vector<int> global(setup->size);
     for (int r = 0; r < setup->size; ++r) global[r] = r;
     return std::shared_ptr<MpiBackend>(
@@ -251,7 +258,7 @@ std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds t
 MpiBackend::MpiBackend(std::shared_ptr<Environment> env, std::shared_ptr<detail::CommThread> thread,
                        MPI_Comm comm, MPI_Comm p2p_comm, std::string group_id, std::vector<int> global_ranks,
                        int group_rank, std::chrono::milliseconds timeout,
-                       c10::intrusive_ptr<c10d::Store> store)
+                       c10::intrusive_ptr<BoundedStore> store)
     : Backend("mpi", std::move(group_id), std::move(global_ranks), group_rank, timeout, std::move(store)),
       env_(std::move(env)),
       thread_(std::move(thread)),
@@ -279,6 +286,22 @@ MpiBackend::~MpiBackend() {
 }
 
 WorkPtr MpiBackend::submit(std::function<void()> call, OpInfo info) {
+  if (info.signature[0] != 0) {
+    // Agreement first, on the same thread and in the same task: the data call runs only if every rank passed
+    // the same signature.
+    auto sig = std::make_shared<OpInfo>(info);
+    MPI_Comm comm = comm_;
+    int n = group_size();
+    std::vector<int> ranks = global_ranks();
+    call = [call = std::move(call), sig, comm, n, ranks] {
+      std::vector<int64_t> all(static_cast<size_t>(n) * kSignatureFields);
+      check_mpi(MPI_Allgather(sig->signature.data(), kSignatureFields, MPI_INT64_T, all.data(),
+                              kSignatureFields, MPI_INT64_T, comm),
+                "MPI_Allgather (agreement)");
+      check_signatures(*sig, all.data(), ranks);
+      call();
+    };
+  }
   return std::make_shared<MpiWork>(std::move(info), thread_->enqueue(std::move(call)), thread_);
 }
 

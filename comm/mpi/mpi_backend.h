@@ -23,8 +23,9 @@ class CommThread;
 class MpiBackend : public Backend {
  public:
   // Initialises MPI (unless the program already did) and returns the world group. Rank 0 hosts the job's
-  // key-value store (for progress reporting) on a free port and shares its address over MPI; `store_host` is
-  // the address the other ranks use to reach it (empty: rank 0's host name).
+  // key-value store (for progress reporting) on a free port, bound to loopback when every rank shares its
+  // host, and shares its address and a fresh job secret over MPI (comm/job_store.h); `store_host` is the
+  // address the other ranks use to reach it on several hosts (empty: rank 0's host name).
   static std::shared_ptr<MpiBackend> create_world(std::chrono::milliseconds timeout,
                                                   const std::string& store_host);
   ~MpiBackend() override;
@@ -51,7 +52,7 @@ class MpiBackend : public Backend {
   struct Environment;
   MpiBackend(std::shared_ptr<Environment> env, std::shared_ptr<detail::CommThread> thread, MPI_Comm comm,
              MPI_Comm p2p_comm, std::string group_id, std::vector<int> global_ranks, int group_rank,
-             std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store);
+             std::chrono::milliseconds timeout, c10::intrusive_ptr<BoundedStore> store);
   // Queues `call` on this group's communication thread; the lambda owns the tensors and count arrays it uses.
   WorkPtr submit(std::function<void()> call, OpInfo info);
   // Queues a non-blocking call that starts a request; the Work completes when the request does.

@@ -3,7 +3,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,20 +19,6 @@ namespace dtrain::launch::detail {
 
 namespace {
 
-// Owns the spawn attributes and file actions, which need explicit destruction.
-struct SpawnSetup {
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_t actions;
-  SpawnSetup() {
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_init(&actions);
-  }
-  ~SpawnSetup() {
-    posix_spawnattr_destroy(&attr);
-    posix_spawn_file_actions_destroy(&actions);
-  }
-};
-
 void make_pipe(int fds[2]) {
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     throw Error(str_cat("dtrain run: pipe2 failed: ", std::strerror(errno),
@@ -41,10 +28,30 @@ void make_pipe(int fds[2]) {
   ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
 }
 
+// `name` itself when it contains a '/', else the first executable file of that name on PATH; "" if none.
+std::string find_program(const std::string& name, const EnvMap& env) {
+  if (name.find('/') != std::string::npos) return name;
+  auto it = env.find("PATH");
+  std::string dirs = it == env.end() ? "/usr/local/bin:/usr/bin:/bin" : it->second;
+  size_t start = 0;
+  for (;;) {
+    size_t end = dirs.find(':', start);
+    std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    if (end == std::string::npos) return "";
+    start = end + 1;
+  }
+}
+
 }  // namespace
 
 RankProcess::RankProcess(std::string label, const std::string& prefix, const std::vector<std::string>& argv,
-                         const EnvList& extra_env, int out_fd, int err_fd)
+                         const EnvList& extra_env, int out_fd, int err_fd, int death_signal)
     : label_(std::move(label)), out_relay_(prefix, out_fd), err_relay_(prefix, err_fd) {
   DTRAIN_ASSERT(!argv.empty(), "no program for ", label_);
   EnvMap env = current_env();
@@ -68,24 +75,51 @@ RankProcess::RankProcess(std::string label, const std::string& prefix, const std
     throw;
   }
 
-  SpawnSetup s;
-  // Own process group: signals to the group reach the rank's descendants (`sh -c` wrappers), and a Ctrl-C in
-  // the terminal reaches only the launcher, which forwards it. Signals the launcher catches or ignores are
-  // reset.
-  sigset_t defaults, empty;
+  // The program's path, looked up here: between fork and exec the child may only make async-signal-safe
+  // calls (the launcher may have threads).
+  std::string path = find_program(argv[0], env);
+  int status_pipe[2];  // the child writes errno here if exec fails; closed by a successful exec
+  make_pipe(status_pipe);
+  ::fcntl(status_pipe[0], F_SETFL, ::fcntl(status_pipe[0], F_GETFL) & ~O_NONBLOCK);
+  const pid_t parent = ::getpid();
+  sigset_t empty;
   sigemptyset(&empty);
-  sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setflags(&s.attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&s.attr, 0);
-  posix_spawnattr_setsigmask(&s.attr, &empty);
-  posix_spawnattr_setsigdefault(&s.attr, &defaults);
-  // Ranks live in a background process group: reading the terminal would stop them (SIGTTIN).
-  posix_spawn_file_actions_addopen(&s.actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&s.actions, out[1], 1);
-  posix_spawn_file_actions_adddup2(&s.actions, err[1], 2);
-
-  const int rc = ::posix_spawnp(&pid_, args[0], &s.actions, &s.attr, args.data(), envp.data());
+  pid_ = path.empty() ? -1 : ::fork();
+  if (pid_ == 0) {
+    // Own process group: signals to the group reach the rank's descendants (`sh -c` wrappers), and a Ctrl-C
+    // in the terminal reaches only the launcher, which forwards it. Dies with the launcher. Signals the
+    // launcher catches or ignores are reset. Ranks live in a background process group: reading the terminal
+    // would stop them (SIGTTIN), so stdin is /dev/null.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, death_signal);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before the line above
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+    int in = ::open("/dev/null", O_RDONLY);
+    if (in >= 0) ::dup2(in, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execve(path.c_str(), args.data(), envp.data());
+    int e = errno;
+    [[maybe_unused]] ssize_t n = ::write(status_pipe[1], &e, sizeof(e));
+    ::_exit(127);
+  }
+  int rc = path.empty() ? ENOENT : pid_ < 0 ? errno : 0;
+  ::close(status_pipe[1]);
+  if (pid_ > 0) {
+    ::setpgid(pid_, pid_);  // also here, so that signal_group() never races the child's own call
+    int e = 0;
+    ssize_t n;
+    while ((n = ::read(status_pipe[0], &e, sizeof(e))) < 0 && errno == EINTR) {
+    }
+    if (n == sizeof(e)) {
+      rc = e;
+      int st;
+      while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  ::close(status_pipe[0]);
   ::close(out[1]);
   ::close(err[1]);
   out_pipe_ = out[0];

@@ -17,9 +17,11 @@ class RankProcess {
  public:
   // Starts argv[0], looked up on the launcher's PATH, with the launcher's environment plus `extra_env` (which
   // wins), stdin from /dev/null, and stdout/stderr relayed to `out_fd`/`err_fd` with `prefix` on every line.
-  // `label` names the child in messages ("rank 2"). Throws ValueError when the program cannot be started.
+  // `label` names the child in messages ("rank 2"). The child gets `death_signal` when the launcher dies
+  // (PR_SET_PDEATHSIG), so a killed launcher leaves no ranks behind. Throws ValueError when the program
+  // cannot be started.
   RankProcess(std::string label, const std::string& prefix, const std::vector<std::string>& argv,
-              const EnvList& extra_env, int out_fd, int err_fd);
+              const EnvList& extra_env, int out_fd, int err_fd, int death_signal);
   // A child that was never reaped is killed with its group and reaped, so an exception never leaks processes.
   ~RankProcess();
   RankProcess(const RankProcess&) = delete;

@@ -1,0 +1,131 @@
+// Running ranks and plain processes from a test, shared by the process and fault tiers: a job of
+// tests/comm_worker ranks under the launcher (in this process), and one program as a child with its output in
+// a file and a deadline after which it is killed.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "launch/launcher.h"
+
+namespace dtrain::test {
+
+namespace fs = std::filesystem;
+
+struct Job {
+  int rc = -1;
+  fs::path dir;
+  double seconds = 0;
+};
+
+inline std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline fs::path temp_dir() {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+// `n` ranks of DTRAIN_COMM_WORKER running `suite`, started by the launcher with DTRAIN_TIMEOUT = `timeout`
+// seconds and the extra environment `env` (set for the launcher and its ranks, removed afterwards).
+inline Job run_worker(const std::string& backend, int n, const std::string& suite,
+                      const std::string& timeout = "60",
+                      const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  Job job;
+  job.dir = temp_dir();
+  dtrain::launch::LaunchOptions o;
+  o.nproc = n;
+  o.backend = backend;
+  o.stop_grace = std::chrono::milliseconds(2000);
+  o.command = {DTRAIN_COMM_WORKER, suite, job.dir.string()};
+  setenv("DTRAIN_TIMEOUT", timeout.c_str(), 1);
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  auto t0 = std::chrono::steady_clock::now();
+  job.rc = dtrain::launch::run(o);
+  for (const auto& [k, v] : env) unsetenv(k.c_str());
+  job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return job;
+}
+
+// A child process: started by spawn(), finished by finish().
+struct Child {
+  pid_t pid = -1;
+  fs::path output;  // stdout and stderr
+  std::chrono::steady_clock::time_point started;
+};
+
+struct Finished {
+  int status = -1;  // wait status
+  bool timed_out = false;
+  double seconds = 0;
+  std::string output;
+  int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+};
+
+// Starts `argv` with this process's environment plus `env`, stdout and stderr to `output`.
+inline Child spawn(const std::vector<std::string>& argv,
+                   const std::vector<std::pair<std::string, std::string>>& env, const fs::path& output) {
+  Child c;
+  c.output = output;
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    std::string s = *e;
+    bool replaced = false;
+    for (const auto& [k, v] : env) replaced = replaced || s.rfind(k + "=", 0) == 0;
+    if (!replaced) env_strings.push_back(s);
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& s : argv_copy) args.push_back(s.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  c.started = std::chrono::steady_clock::now();
+  if (posix_spawnp(&c.pid, args[0], &actions, nullptr, args.data(), envp.data()) != 0) c.pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return c;
+}
+
+// Waits for `c` until `limit` after its start; past it, kills it (SIGKILL) and says so.
+inline Finished finish(const Child& c, std::chrono::milliseconds limit) {
+  Finished f;
+  const auto deadline = c.started + limit;
+  for (;;) {
+    pid_t r = waitpid(c.pid, &f.status, WNOHANG);
+    if (r == c.pid) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      f.timed_out = true;
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &f.status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a child's exit, not a sync
+  }
+  f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
+  f.output = read_file(c.output);
+  return f;
+}
+
+}  // namespace dtrain::test
