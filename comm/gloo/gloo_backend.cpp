@@ -101,21 +101,33 @@ class GlooWork : public Work {
 
 }  // namespace
 
+// The order in which a group's signed collectives reach c10d (see GlooBackend::issue): `started` counts the
+// collectives whose agreement is settled (the data op queued, or the error stored), in issue order.
+struct GlooBackend::Sequencer {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t issued = 0;   // guarded by mu: signed collectives issued so far
+  uint64_t started = 0;  // guarded by mu
+
+  void settle(uint64_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      started = std::max(started, n);
+    }
+    cv.notify_all();
+  }
+};
+
 namespace {
 
-// The agreement check of one signed collective (Backend): all-gathers the signatures through `pg` (waited for
-// here, up to the op's deadline) and compares them.
-void agree(c10d::ProcessGroupGloo& pg, const OpInfo& info, const std::vector<int>& global_ranks) {
-  const int n = static_cast<int>(global_ranks.size());
-  at::Tensor mine = at::empty({kSignatureFields}, at::kLong);
-  std::copy(info.signature.begin(), info.signature.end(), mine.data_ptr<int64_t>());
-  at::Tensor all = at::empty({n * kSignatureFields}, at::kLong);
-  c10d::AllgatherOptions o;
-  o.timeout = info.timeout + kGlooGrace;
-  auto w = pg._allgather_base(all, mine, o);
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(info.deadline - Clock::now());
-  w->wait(std::max(left, std::chrono::milliseconds(1)) + kGlooGrace);
-  check_signatures(info, all.data_ptr<int64_t>(), global_ranks);
+void settle(Issued& issued, std::exception_ptr error, c10::intrusive_ptr<c10d::Work> work) {
+  {
+    std::lock_guard<std::mutex> lock(issued.mu);
+    issued.done = true;
+    issued.error = error;
+    issued.work = std::move(work);
+  }
+  issued.cv.notify_all();
 }
 
 }  // namespace
@@ -237,34 +249,71 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
                          c10::intrusive_ptr<BoundedStore> store, std::string group_id,
                          std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout)
     : Backend("gloo", std::move(group_id), std::move(global_ranks), group_rank, timeout, std::move(store)),
-      pg_(std::move(pg)) {}
+      pg_(std::move(pg)),
+      sequencer_(std::make_shared<Sequencer>()) {}
 
 GlooBackend::~GlooBackend() = default;
 
-// A signed collective goes through the issuer thread: the agreement check, then the c10d call, one collective
-// at a time in issue order (so every rank starts its collectives in the same order), while the caller's Work
-// waits for the Issued state instead of blocking the caller.
+// A signed collective: its signature is all-gathered (a c10d collective of its own), and when that completes,
+// c10d's worker thread itself checks the signatures and queues the data op (the future's callback), so the
+// data op starts without another thread hand-off. Every rank must queue its c10d collectives in the same
+// order, so a collective's all_gather is queued only once every earlier signed collective of the group has
+// settled (queued its data op or failed): at once when they have (the usual case: the caller waited for the
+// previous one), else by the issuer thread, which waits for them; the caller never blocks.
 WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
   if (info.signature[0] == 0) return std::make_shared<GlooWork>(std::move(info), start());
-  if (!issuer_) issuer_ = std::make_unique<SerialThread>();
   auto issued = std::make_shared<Issued>();
-  issuer_->post([pg = pg_, info, start = std::move(start), issued, ranks = global_ranks()] {
-    std::exception_ptr error;
-    c10::intrusive_ptr<c10d::Work> work;
+  std::shared_ptr<Sequencer> seq = sequencer_;
+  uint64_t n;
+  bool now;
+  {
+    std::lock_guard<std::mutex> lock(seq->mu);
+    n = ++seq->issued;
+    now = seq->started == n - 1 && issuer_pending_ == 0;
+    if (!now) ++issuer_pending_;
+  }
+  auto begin = [pg = pg_, info, start = std::move(start), issued, seq, n, ranks = global_ranks()] {
     try {
-      agree(*pg, info, ranks);
-      work = start();
+      const int size = static_cast<int>(ranks.size());
+      at::Tensor mine = at::empty({kSignatureFields}, at::kLong);
+      std::copy(info.signature.begin(), info.signature.end(), mine.data_ptr<int64_t>());
+      at::Tensor all = at::empty({size * kSignatureFields}, at::kLong);
+      c10d::AllgatherOptions o;
+      o.timeout = info.timeout + kGlooGrace;
+      auto agreement = pg->_allgather_base(all, mine, o);
+      agreement->getFuture()->addCallback([info, start, issued, seq, n, ranks, all](c10::ivalue::Future& f) {
+        std::exception_ptr error;
+        c10::intrusive_ptr<c10d::Work> work;
+        try {
+          if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+          check_signatures(info, all.data_ptr<int64_t>(), ranks);
+          work = start();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        settle(*issued, error, std::move(work));
+        seq->settle(n);
+      });
     } catch (...) {
-      error = std::current_exception();
+      settle(*issued, std::current_exception(), {});
+      seq->settle(n);
     }
-    {
-      std::lock_guard<std::mutex> lock(issued->mu);
-      issued->done = true;
-      issued->error = error;
-      issued->work = work;
-    }
-    issued->cv.notify_all();
-  });
+  };
+  if (now) {
+    begin();
+  } else {
+    if (!issuer_) issuer_ = std::make_unique<SerialThread>();
+    Clock::time_point deadline = info.deadline;
+    issuer_->post([this, seq, n, deadline, begin = std::move(begin)]() mutable {
+      {
+        // Past the op's deadline the group is failing anyway: queue it rather than wait without end.
+        std::unique_lock<std::mutex> lock(seq->mu);
+        seq->cv.wait_until(lock, deadline, [&] { return seq->started >= n - 1; });
+        --issuer_pending_;
+      }
+      begin();
+    });
+  }
   return std::make_shared<GlooWork>(std::move(info), std::move(issued));
 }
 

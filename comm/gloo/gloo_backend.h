@@ -63,7 +63,11 @@ class GlooBackend : public Backend {
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::unique_ptr<SerialThread> waiter_;  // send/recv waits; started on first use; destroyed before pg_
-  std::unique_ptr<SerialThread> issuer_;  // signed collectives; started on first use; destroyed before pg_
+  struct Sequencer;
+  std::shared_ptr<Sequencer> sequencer_;  // the issue order of signed collectives
+  int issuer_pending_ = 0;  // guarded by sequencer_->mu: collectives the issuer has yet to queue
+  std::unique_ptr<SerialThread> issuer_;  // queues collectives issued before earlier ones settled; destroyed
+                                          // before pg_
 };
 
 }  // namespace dtrain::comm
