@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-measures every figure of bench/RESULTS.md in one go, section by section, into OUTDIR (default bench/out):
 # the focused 64 MiB all_reduce (3 runs per backend), every collective at 2 and 4 ranks (run_comm.sh), `dtrain
-# bench comm` at 3 ranks, the DTensor dispatch overhead and the GPT step. Build first (scripts/build.sh). About 15
+# bench comm` at 3 ranks, the agreement check's cost, the DTensor dispatch overhead and the GPT step. Build first (scripts/build.sh). About 15
 # minutes on 2 cores; run nothing else meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,10 @@ bash bench/run_comm.sh "$out" >"$out/comm_tables.md"
 for b in gloo mpi; do
   dtrain run -n 3 --backend $b -- dtrain bench comm | strip >"$out/bench_comm_${b}_3.txt"
 done
+for b in gloo mpi; do
+  dtrain run -n 2 --backend $b -- build/bench/agreement_cost | strip | grep '"overhead_pct"' >"$out/agreement_${b}.jsonl"
+done
+.venv/bin/python bench/report_agreement.py "$out"/agreement_gloo.jsonl "$out"/agreement_mpi.jsonl >"$out/agreement.md"
 bash bench/run_dtensor_overhead.sh >"$out/dtensor_overhead.md"
 bash bench/run_gpt_step.sh >"$out/gpt_step.md"
 echo "bench: results in $out (commit $(cat "$out/commit.txt"))" >&2

@@ -1,0 +1,79 @@
+// What the agreement check costs (comm/backend.h, "Agreement"): in one run, dtrain's all_reduce with the
+// check and without it (comm::set_agreement_check), alternating call by call and which goes first, each after
+// a barrier, sizes 1 KiB to 64 MiB. A call's time is the slowest rank's; medians over the iterations. Prints
+// one JSON line per size on rank 0: overhead = with / without - 1.
+//   dtrain run -n 2 --backend gloo -- build/bench/agreement_cost [--iters N]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/factory.h"
+
+using namespace dtrain;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--iters") iters = std::stoi(argv[i + 1]);
+  }
+  at::set_num_threads(1);
+  comm::BackendPtr world = comm::init();
+  const int n = world->group_size();
+  for (int64_t bytes = 1024; bytes <= (int64_t{64} << 20); bytes *= 4) {
+    const int64_t count = bytes / 4;
+    const int it =
+        iters > 0 ? iters : static_cast<int>(std::clamp<int64_t>((int64_t{1} << 30) / bytes, 20, 200));
+    at::Tensor x = at::ones({count});
+    std::vector<double> times[2];  // [0]: with the check, [1]: without
+    for (int i = 0; i < it + 2; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const int side = (i + k) % 2;
+        comm::set_agreement_check(true);
+        world->barrier()->wait();
+        comm::set_agreement_check(side == 0);
+        auto t0 = Clock::now();
+        world->all_reduce(x)->wait();
+        double t = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (i >= 2) times[side].push_back(t);
+        x.fill_(1);
+      }
+    }
+    comm::set_agreement_check(true);
+    for (auto& t : times) {
+      at::Tensor tt = at::tensor(t, at::kDouble);
+      world->all_reduce(tt, {comm::ReduceOp::kMax})->wait();
+      t.assign(tt.data_ptr<double>(), tt.data_ptr<double>() + tt.numel());
+    }
+    if (world->group_rank() != 0) continue;
+    double with = median(times[0]), without = median(times[1]);
+    nlohmann::json j{{"backend", world->name()},
+                     {"ranks", n},
+                     {"bytes", bytes},
+                     {"iters", it},
+                     {"with_check_median_us", with * 1e6},
+                     {"without_check_median_us", without * 1e6},
+                     {"with_check_min_us", *std::min_element(times[0].begin(), times[0].end()) * 1e6},
+                     {"without_check_min_us", *std::min_element(times[1].begin(), times[1].end()) * 1e6},
+                     {"overhead_pct", (with / without - 1) * 100}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  world->barrier()->wait();
+  return 0;
+}
