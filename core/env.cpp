@@ -23,6 +23,12 @@ EnvMap current_env() {
   return env;
 }
 
+std::vector<std::string> env_strings(const EnvMap& env) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
 std::optional<std::string> env_get(const EnvMap& env, const std::string& name) {
   auto it = env.find(name);
   if (it == env.end()) return std::nullopt;

@@ -18,6 +18,25 @@ EnvMap current_env();
 
 std::optional<std::string> env_get(const EnvMap& env, const std::string& name);
 
+// "NAME=value" for each variable of `env`, for an exec'd program's environment.
+std::vector<std::string> env_strings(const EnvMap& env);
+
+// A NULL-terminated array of C strings (argv, envp for exec) that owns its strings.
+class CStringArray {
+ public:
+  explicit CStringArray(std::vector<std::string> strings) : strings_(std::move(strings)) {
+    for (auto& s : strings_) ptrs_.push_back(s.data());
+    ptrs_.push_back(nullptr);
+  }
+  CStringArray(const CStringArray&) = delete;
+  CStringArray& operator=(const CStringArray&) = delete;
+  char** data() { return ptrs_.data(); }
+
+ private:
+  std::vector<std::string> strings_;
+  std::vector<char*> ptrs_;
+};
+
 // An integer variable; ValueError naming the variable and value if it is not an integer in [min, max].
 int64_t env_int(const EnvMap& env, const std::string& name, int64_t fallback, int64_t min = INT64_MIN,
                 int64_t max = INT64_MAX);

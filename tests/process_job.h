@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/env.h"
 #include "launch/launcher.h"
 
 namespace dtrain::test {
@@ -84,26 +85,15 @@ inline Child spawn(const std::vector<std::string>& argv,
                    const std::vector<std::pair<std::string, std::string>>& env, const fs::path& output) {
   Child c;
   c.output = output;
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    std::string s = *e;
-    bool replaced = false;
-    for (const auto& [k, v] : env) replaced = replaced || s.rfind(k + "=", 0) == 0;
-    if (!replaced) env_strings.push_back(s);
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp, args;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = argv;
-  for (auto& s : argv_copy) args.push_back(s.data());
-  args.push_back(nullptr);
+  EnvMap merged = current_env();
+  for (const auto& [k, v] : env) merged[k] = v;
+  CStringArray envp(env_strings(merged)), args(argv);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   c.started = std::chrono::steady_clock::now();
-  if (posix_spawnp(&c.pid, args[0], &actions, nullptr, args.data(), envp.data()) != 0) c.pid = -1;
+  if (posix_spawnp(&c.pid, args.data()[0], &actions, nullptr, args.data(), envp.data()) != 0) c.pid = -1;
   posix_spawn_file_actions_destroy(&actions);
   return c;
 }

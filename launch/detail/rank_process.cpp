@@ -56,14 +56,7 @@ RankProcess::RankProcess(std::string label, const std::string& prefix, const std
   DTRAIN_ASSERT(!argv.empty(), "no program for ", label_);
   EnvMap env = current_env();
   for (const auto& [k, v] : extra_env) env[k] = v;
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp, args;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_copy = argv;
-  for (auto& s : argv_copy) args.push_back(s.data());
-  args.push_back(nullptr);
+  CStringArray envp(env_strings(env)), args(argv);
 
   int out[2], err[2];
   make_pipe(out);
