@@ -344,6 +344,9 @@ JobStore open_job_store(const JobStoreOptions& o) {
                             " Check MASTER_ADDR/MASTER_PORT and that rank 0 is running."));
   }
   auto store = c10::make_intrusive<BoundedStore>(*holder, where, o.timeout);
+  if (server)
+    log_debug("the job's store listens on ", o.loopback_only ? "127.0.0.1" : "every interface", ", port ",
+              port);
 
   // Admission.
   std::string challenge;

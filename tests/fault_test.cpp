@@ -41,6 +41,39 @@ struct SilentPort {
   ~SilentPort() { close(fd); }
 };
 
+// An IPv4 address of this host other than loopback ("" if it has none).
+std::string other_ipv4() {
+  ifaddrs* ifs = nullptr;
+  std::string found;
+  if (getifaddrs(&ifs) != 0) return found;
+  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof(text));
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  freeifaddrs(ifs);
+  return found;
+}
+
+// Whether a TCP connection to ip:port is accepted.
+bool accepts(const std::string& ip, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+// A single-host job's store is reachable on loopback only.
+void expect_loopback_only(int port) {
+  EXPECT_TRUE(accepts("127.0.0.1", port));
+  if (std::string ip = other_ipv4(); !ip.empty()) EXPECT_FALSE(accepts(ip, port)) << ip << ":" << port;
+}
+
 int closed_port() {
   SilentPort p;
   return p.port;  // closed again when p goes
@@ -234,6 +267,43 @@ TEST(FaultRendezvous, LateStrangerIsRefusedWhileTheJobRuns) {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);  // polling for the job's ranks to be admitted and running
   }
+  expect_loopback_only(port);
+  Finished s = finish(spawn({DTRAIN_COMM_WORKER, "collectives", stranger_dir.string()}, rank_env(1, port, ""),
+                            dir / "stranger.txt"),
+                      30s);
+  std::ofstream(dir / "go") << "go\n";
+  Finished j = finish(job, 60s);
+  EXPECT_NE(s.exit_code(), 0) << s.output;
+  EXPECT_NE(s.output.find("rank 0 refused this process: it does not prove the job's secret"),
+            std::string::npos)
+      << s.output;
+  EXPECT_NE(j.output.find("refused a process claiming rank 1"), std::string::npos) << j.output;
+  EXPECT_EQ(j.exit_code(), 0) << j.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(read_file(dir / ("rank" + std::to_string(r) + ".txt")).rfind("ok ", 0), 0u) << j.output;
+  }
+  fs::remove_all(dir);
+}
+
+// The mpi backend's store gets the same treatment: a process that finds its port (here from rank 0's debug
+// log) and claims rank 1 without the job's secret is refused, and the job is unaffected.
+TEST(FaultRendezvous, StrangerAtTheMpiStoreIsRefused) {
+  fs::path dir = temp_dir(), stranger_dir = dir / "stranger";
+  fs::create_directories(stranger_dir);
+  Child job = spawn({DTRAIN_BINARY, "run", "-n", "2", "--backend", "mpi", "--", DTRAIN_COMM_WORKER,
+                     "await-go", dir.string()},
+                    {{"DTRAIN_TIMEOUT", "30"}, {"DTRAIN_LOG_LEVEL", "debug"}}, dir / "job.txt");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!(fs::exists(dir / "pid0.txt") && fs::exists(dir / "pid1.txt")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);  // polling for the job's ranks to be admitted and running
+  }
+  std::string log = read_file(dir / "job.txt");
+  const std::string marker = "the job's store listens on 127.0.0.1, port ";
+  auto at = log.find(marker);
+  ASSERT_NE(at, std::string::npos) << log;
+  const int port = std::atoi(log.c_str() + at + marker.size());
+  expect_loopback_only(port);
   Finished s = finish(spawn({DTRAIN_COMM_WORKER, "collectives", stranger_dir.string()}, rank_env(1, port, ""),
                             dir / "stranger.txt"),
                       30s);
