@@ -44,7 +44,9 @@ BackendPtr create_gloo(const RankInfo& info, std::chrono::milliseconds timeout, 
     so.port = info.master_port;
     so.rank = info.rank;
     so.world_size = info.world_size;
-    so.loopback_only = single_host_job(env);
+    // Loopback only when the ranks reach rank 0 through it: a single-host job may name a routable
+    // MASTER_ADDR.
+    so.loopback_only = is_loopback_host(info.master_addr);
     so.secret = job_secret_from_env(env);
     so.timeout = timeout;
     store = open_job_store(so).store;

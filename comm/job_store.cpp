@@ -305,9 +305,12 @@ std::string job_secret_from_env(const EnvMap& env) {
   return secret;
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
 bool single_host_job(const EnvMap& env) {
-  std::string addr = env_get(env, "MASTER_ADDR").value_or("");
-  if (addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1") return true;
+  if (is_loopback_host(env_get(env, "MASTER_ADDR").value_or(""))) return true;
   auto local = env_get(env, "LOCAL_WORLD_SIZE"), world = env_get(env, "WORLD_SIZE");
   return local && world && !local->empty() && *local == *world;
 }

@@ -27,7 +27,7 @@ struct JobStoreOptions {
   int port = 0;      // 0 on rank 0: a free port (read it back from the store's where())
   int rank = 0;
   int world_size = 1;
-  bool loopback_only = false;  // rank 0 listens on 127.0.0.1 only (every rank is on this host)
+  bool loopback_only = false;  // rank 0 listens on 127.0.0.1 only (the ranks reach it through loopback)
   std::string secret;          // the job's secret; empty: the job has none (proofs still bind rank and size)
   int listen_fd = -1;          // rank 0: a socket from listen_for_store() to serve on (else one is opened)
   std::chrono::milliseconds timeout{300000};
@@ -53,6 +53,9 @@ std::string job_secret_from_env(const EnvMap& env);
 
 // 64 random hex digits from the kernel's random source, for `dtrain run` and the mpi backend.
 std::string random_secret();
+
+// "localhost", 127.x.y.z or ::1.
+bool is_loopback_host(const std::string& host);
 
 // True when every rank runs on this host, as far as the launcher's variables say: MASTER_ADDR is a loopback
 // address, or LOCAL_WORLD_SIZE equals WORLD_SIZE.
