@@ -321,6 +321,22 @@ TEST(FaultRendezvous, StrangerAtTheMpiStoreIsRefused) {
   fs::remove_all(dir);
 }
 
+// One host, but a routable MASTER_ADDR (an address of this host other than loopback): the store serves it.
+TEST(FaultRendezvous, RoutableMasterAddressOnOneHostIsServed) {
+  const std::string ip = other_ipv4();
+  if (ip.empty()) GTEST_SKIP() << "this host has no IPv4 address besides loopback";
+  fs::path dir = temp_dir();
+  Finished j = finish(spawn({DTRAIN_BINARY, "run", "-n", "2", "--master-addr", ip, "--", DTRAIN_COMM_WORKER,
+                             "collectives", dir.string()},
+                            {{"DTRAIN_TIMEOUT", "20"}}, dir / "job.txt"),
+                      60s);
+  EXPECT_EQ(j.exit_code(), 0) << j.output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(read_file(dir / ("rank" + std::to_string(r) + ".txt")).rfind("ok ", 0), 0u) << j.output;
+  }
+  fs::remove_all(dir);
+}
+
 // Processes that hold the secret but collide: two claim rank 1 (a world of 3, so rank 0 sees both claims), or
 // one claims another world size. Every process stops with an error naming both claimants.
 TEST(FaultRendezvous, DuplicateRankAndWrongWorldSizeStopTheJob) {
