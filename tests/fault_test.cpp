@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -253,20 +254,27 @@ TEST(FaultRendezvous, StrangerFirstIsRefusedAndTheJobGoesOn) {
   fs::remove_all(dir);
 }
 
-// A stranger arriving while a `dtrain run` job is running (every rank admitted) is refused too, and the job
-// is unaffected.
-TEST(FaultRendezvous, LateStrangerIsRefusedWhileTheJobRuns) {
+// Starts `dtrain run -n 2 <launcher_args> -- comm_worker await-go`, waits until its ranks run, finds the
+// store's port with `port_of` (given the job's output so far), checks that the store listens on loopback
+// only, sends a process without the secret claiming rank 1 to it, then lets the job finish: the stranger is
+// refused (both sides say so) and the job's results are right.
+void expect_stranger_refused_while_running(std::vector<std::string> launcher_args,
+                                           const std::vector<std::pair<std::string, std::string>>& env,
+                                           const std::function<int(const std::string&)>& port_of) {
   fs::path dir = temp_dir(), stranger_dir = dir / "stranger";
   fs::create_directories(stranger_dir);
-  const int port = closed_port();
-  Child job = spawn({DTRAIN_BINARY, "run", "-n", "2", "--master-port", std::to_string(port), "--",
-                     DTRAIN_COMM_WORKER, "await-go", dir.string()},
-                    {{"DTRAIN_TIMEOUT", "30"}}, dir / "job.txt");
+  std::vector<std::string> argv{DTRAIN_BINARY, "run", "-n", "2"};
+  argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
+  for (const char* a : {"--", DTRAIN_COMM_WORKER, "await-go"}) argv.push_back(a);
+  argv.push_back(dir.string());
+  Child job = spawn(argv, env, dir / "job.txt");
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (!(fs::exists(dir / "pid0.txt") && fs::exists(dir / "pid1.txt")) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);  // polling for the job's ranks to be admitted and running
   }
+  const int port = port_of(read_file(dir / "job.txt"));
+  ASSERT_GT(port, 0) << read_file(dir / "job.txt");
   expect_loopback_only(port);
   Finished s = finish(spawn({DTRAIN_COMM_WORKER, "collectives", stranger_dir.string()}, rank_env(1, port, ""),
                             dir / "stranger.txt"),
@@ -285,40 +293,24 @@ TEST(FaultRendezvous, LateStrangerIsRefusedWhileTheJobRuns) {
   fs::remove_all(dir);
 }
 
+// A stranger arriving while a `dtrain run` job is running (every rank admitted) is refused too, and the job
+// is unaffected.
+TEST(FaultRendezvous, LateStrangerIsRefusedWhileTheJobRuns) {
+  const int port = closed_port();
+  expect_stranger_refused_while_running({"--master-port", std::to_string(port)}, {{"DTRAIN_TIMEOUT", "30"}},
+                                        [port](const std::string&) { return port; });
+}
+
 // The mpi backend's store gets the same treatment: a process that finds its port (here from rank 0's debug
 // log) and claims rank 1 without the job's secret is refused, and the job is unaffected.
 TEST(FaultRendezvous, StrangerAtTheMpiStoreIsRefused) {
-  fs::path dir = temp_dir(), stranger_dir = dir / "stranger";
-  fs::create_directories(stranger_dir);
-  Child job = spawn({DTRAIN_BINARY, "run", "-n", "2", "--backend", "mpi", "--", DTRAIN_COMM_WORKER,
-                     "await-go", dir.string()},
-                    {{"DTRAIN_TIMEOUT", "30"}, {"DTRAIN_LOG_LEVEL", "debug"}}, dir / "job.txt");
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!(fs::exists(dir / "pid0.txt") && fs::exists(dir / "pid1.txt")) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);  // polling for the job's ranks to be admitted and running
-  }
-  std::string log = read_file(dir / "job.txt");
-  const std::string marker = "the job's store listens on 127.0.0.1, port ";
-  auto at = log.find(marker);
-  ASSERT_NE(at, std::string::npos) << log;
-  const int port = std::atoi(log.c_str() + at + marker.size());
-  expect_loopback_only(port);
-  Finished s = finish(spawn({DTRAIN_COMM_WORKER, "collectives", stranger_dir.string()}, rank_env(1, port, ""),
-                            dir / "stranger.txt"),
-                      30s);
-  std::ofstream(dir / "go") << "go\n";
-  Finished j = finish(job, 60s);
-  EXPECT_NE(s.exit_code(), 0) << s.output;
-  EXPECT_NE(s.output.find("rank 0 refused this process: it does not prove the job's secret"),
-            std::string::npos)
-      << s.output;
-  EXPECT_NE(j.output.find("refused a process claiming rank 1"), std::string::npos) << j.output;
-  EXPECT_EQ(j.exit_code(), 0) << j.output;
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(read_file(dir / ("rank" + std::to_string(r) + ".txt")).rfind("ok ", 0), 0u) << j.output;
-  }
-  fs::remove_all(dir);
+  expect_stranger_refused_while_running(
+      {"--backend", "mpi"}, {{"DTRAIN_TIMEOUT", "30"}, {"DTRAIN_LOG_LEVEL", "debug"}},
+      [](const std::string& log) {
+        const std::string marker = "the job's store listens on 127.0.0.1, port ";
+        auto at = log.find(marker);
+        return at == std::string::npos ? 0 : std::atoi(log.c_str() + at + marker.size());
+      });
 }
 
 // One host, but a routable MASTER_ADDR (an address of this host other than loopback): the store serves it.
