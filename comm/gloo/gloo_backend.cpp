@@ -260,6 +260,9 @@ GlooBackend::~GlooBackend() = default;
 // order, so a collective's all_gather is queued only once every earlier signed collective of the group has
 // settled (queued its data op or failed): at once when they have (the usual case: the caller waited for the
 // previous one), else by the issuer thread, which waits for them; the caller never blocks.
+// `start` and everything the agreement's callback holds refer to the process group by a plain pointer: the
+// callback runs on the group's own worker thread, which the group joins before it is freed, and a strong
+// reference released there would destroy the group on its own thread (join of itself: std::terminate).
 WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
   if (info.signature[0] == 0) return std::make_shared<GlooWork>(std::move(info), start());
   auto issued = std::make_shared<Issued>();
@@ -272,7 +275,7 @@ WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::W
     now = seq->started == n - 1 && issuer_pending_ == 0;
     if (!now) ++issuer_pending_;
   }
-  auto begin = [pg = pg_, info, start = std::move(start), issued, seq, n, ranks = global_ranks()] {
+  auto begin = [pg = pg_.get(), info, start = std::move(start), issued, seq, n, ranks = global_ranks()] {
     try {
       const int size = static_cast<int>(ranks.size());
       at::Tensor mine = at::empty({kSignatureFields}, at::kLong);
@@ -345,7 +348,7 @@ WorkPtr GlooBackend::do_all_reduce(at::Tensor& t, ReduceOp op, OpInfo info) {
   c10d::AllreduceOptions o;
   o.reduceOp = c10d_op(op);
   o.timeout = gloo_timeout(info);
-  return issue(std::move(info), [pg = pg_, t, o]() mutable {
+  return issue(std::move(info), [pg = pg_.get(), t, o]() mutable {
     std::vector<at::Tensor> ts{t};
     return pg->allreduce(ts, o);
   });
@@ -355,8 +358,9 @@ WorkPtr GlooBackend::do_reduce_scatter(at::Tensor& out, const at::Tensor& in, Re
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d_op(op);
   o.timeout = gloo_timeout(info);
-  return issue(std::move(info),
-               [pg = pg_, out, input = in, o]() mutable { return pg->_reduce_scatter_base(out, input, o); });
+  return issue(std::move(info), [pg = pg_.get(), out, input = in, o]() mutable {
+    return pg->_reduce_scatter_base(out, input, o);
+  });
 }
 
 WorkPtr GlooBackend::do_reduce_scatter_v(at::Tensor& out, const at::Tensor& in,
@@ -377,7 +381,7 @@ WorkPtr GlooBackend::do_all_gather(at::Tensor& out, const at::Tensor& in, OpInfo
   c10d::AllgatherOptions o;
   o.timeout = gloo_timeout(info);
   return issue(std::move(info),
-               [pg = pg_, out, input = in, o]() mutable { return pg->_allgather_base(out, input, o); });
+               [pg = pg_.get(), out, input = in, o]() mutable { return pg->_allgather_base(out, input, o); });
 }
 
 WorkPtr GlooBackend::do_all_gather_v(at::Tensor& out, const at::Tensor& in,
@@ -398,7 +402,7 @@ WorkPtr GlooBackend::do_broadcast(at::Tensor& t, int root, OpInfo info) {
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = gloo_timeout(info);
-  return issue(std::move(info), [pg = pg_, t, o]() mutable {
+  return issue(std::move(info), [pg = pg_.get(), t, o]() mutable {
     std::vector<at::Tensor> ts{t};
     return pg->broadcast(ts, o);
   });
@@ -410,7 +414,7 @@ WorkPtr GlooBackend::do_all_to_all_v(at::Tensor& out, const at::Tensor& in,
   c10d::AllToAllOptions o;
   o.timeout = gloo_timeout(info);
   std::vector<int64_t> out_splits = recv_counts, in_splits = send_counts;
-  return issue(std::move(info), [pg = pg_, out, input = in, out_splits, in_splits, o]() mutable {
+  return issue(std::move(info), [pg = pg_.get(), out, input = in, out_splits, in_splits, o]() mutable {
     return pg->alltoall_base(out, input, out_splits, in_splits, o);
   });
 }
@@ -430,7 +434,7 @@ WorkPtr GlooBackend::do_recv(at::Tensor& t, int src, int tag, OpInfo info) {
 WorkPtr GlooBackend::do_barrier(OpInfo info) {
   c10d::BarrierOptions o;
   o.timeout = gloo_timeout(info);
-  return issue(std::move(info), [pg = pg_, o]() mutable { return pg->barrier(o); });
+  return issue(std::move(info), [pg = pg_.get(), o]() mutable { return pg->barrier(o); });
 }
 
 std::shared_ptr<Backend> GlooBackend::do_split(int color, int key, const std::vector<int>& members,
