@@ -72,7 +72,9 @@ bool accepts(const std::string& ip, int port) {
 // A single-host job's store is reachable on loopback only.
 void expect_loopback_only(int port) {
   EXPECT_TRUE(accepts("127.0.0.1", port));
-  if (std::string ip = other_ipv4(); !ip.empty()) EXPECT_FALSE(accepts(ip, port)) << ip << ":" << port;
+  if (std::string ip = other_ipv4(); !ip.empty()) {
+    EXPECT_FALSE(accepts(ip, port)) << ip << ":" << port;
+  }
 }
 
 int closed_port() {
@@ -362,8 +364,9 @@ TEST(FaultRendezvous, DuplicateRankAndWrongWorldSizeStopTheJob) {
       EXPECT_LT(f.seconds, 10 + kSlack) << f.output;
       EXPECT_NE(f.exit_code(), 0) << f.output;
       EXPECT_NE(f.output.find(c.needle), std::string::npos) << f.output;
-      if (c.ranks.size() == 2)
+      if (c.ranks.size() == 2) {
         EXPECT_NE(f.output.find("says the world size is 3 but rank 0"), std::string::npos);
+      }
     }
     fs::remove_all(dir);
   }
@@ -389,57 +392,175 @@ TEST(FaultDiagnosis, TheRankThatLeftFirstIsNamed) {
   fs::remove_all(dir);
 }
 
-// Two hosts (network namespaces joined by a veth pair; the test machines run as root), rank 0 on one, rank 1
-// on the other; the link is cut mid-run. Both ranks, the one without the store included, report the failure
-// within the timeout + 5 s and exit.
-TEST(FaultNetwork, CutLinkBetweenTwoHostsEndsBothRanks) {
-  const std::string tag = std::to_string(getpid() % 100000);
-  const std::string a = "dta" + tag, b = "dtb" + tag;
-  auto sh = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); };
-  if (sh("ip netns add " + a) != 0) GTEST_SKIP() << "cannot create network namespaces here (needs root)";
-  ASSERT_EQ(sh("ip netns add " + b), 0);
-  ASSERT_EQ(sh("ip link add va" + tag + " type veth peer name vb" + tag), 0);
-  ASSERT_EQ(sh("ip link set va" + tag + " netns " + a + " && ip link set vb" + tag + " netns " + b), 0);
-  for (const auto& [ns, dev, ip] :
-       {std::tuple{a, "va" + tag, "10.77.0.1"}, std::tuple{b, "vb" + tag, "10.77.0.2"}}) {
-    ASSERT_EQ(sh("ip netns exec " + ns + " ip addr add " + ip + "/24 dev " + dev + " && ip netns exec " + ns +
-                 " ip link set " + dev + " up && ip netns exec " + ns + " ip link set lo up"),
-              0);
+// Two hosts: network namespaces joined by a veth pair (the test machines run as root), 10.77.0.1 and
+// 10.77.0.2. Removed, with every process still inside, when the test ends.
+struct TwoHosts {
+  std::string tag = std::to_string(getpid() % 100000);
+  std::string ns[2] = {"dta" + tag, "dtb" + tag};
+  std::string dev[2] = {"va" + tag, "vb" + tag};
+  std::string ip[2] = {"10.77.0.1", "10.77.0.2"};
+  bool made = false;
+
+  static int sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+  bool make() {
+    if (sh("ip netns add " + ns[0]) != 0) return false;
+    made = true;
+    bool ok = sh("ip netns add " + ns[1]) == 0 &&
+              sh("ip link add " + dev[0] + " type veth peer name " + dev[1]) == 0;
+    for (int h = 0; h < 2 && ok; ++h) {
+      ok = sh("ip link set " + dev[h] + " netns " + ns[h]) == 0 &&
+           sh(in(h, "ip addr add " + ip[h] + "/24 dev " + dev[h])) == 0 &&
+           sh(in(h, "ip link set " + dev[h] + " up")) == 0 && sh(in(h, "ip link set lo up")) == 0;
+    }
+    return ok;
   }
+  std::string in(int h, const std::string& cmd) const { return "ip netns exec " + ns[h] + " " + cmd; }
+  int cut() const { return sh(in(1, "ip link set " + dev[1] + " down")); }
+  ~TwoHosts() {
+    if (!made) return;
+    for (const auto& n : ns) {
+      sh("ip netns pids " + n + " | xargs -r kill -9");
+      sh("ip netns del " + n);
+    }
+  }
+};
+
+// Waits until each rank wrote `ready<rank>.txt` ("ready PID"); returns the pids (0 where none came).
+std::vector<pid_t> await_ready(const fs::path& dir, int n) {
+  std::vector<pid_t> pids(n, 0);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (int r = 0; r < n; ++r) {
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string text = read_file(dir / ("ready" + std::to_string(r) + ".txt"));
+      if (text.find('\n') != std::string::npos) {
+        pids[r] = std::atoi(text.c_str() + 6);
+        break;
+      }
+      std::this_thread::sleep_for(20ms);  // polling for the rank to be in its loop
+    }
+  }
+  return pids;
+}
+
+// Whether a process has ended (gone, or a zombie its parent has not reaped yet).
+bool ended(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  return stat.empty() || (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z');
+}
+
+// Checks each rank's report of the cut (written when its failing op threw, then it left through main): the
+// op failed within the timeout + 5 s, the process ended within that time of the cut, and rank 1 (the host
+// without the store) named the store.
+void expect_cut_reported(const fs::path& dir, const std::vector<pid_t>& pids,
+                         std::chrono::steady_clock::time_point cut_at) {
+  const auto deadline = cut_at + std::chrono::duration<double>(3 + kSlack);
+  for (int r = 0; r < 2; ++r) {
+    while (!ended(pids[r]) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);  // polling: the ranks are not this process's children under mpirun
+    }
+    EXPECT_TRUE(ended(pids[r])) << "rank " << r << " (pid " << pids[r] << ") still runs 8 s after the cut";
+    std::string report = read_file(dir / ("cut" + std::to_string(r) + ".txt"));
+    ASSERT_EQ(report.rfind("elapsed_ms ", 0), 0u) << "rank " << r << ": " << report;
+    EXPECT_LT(std::atol(report.c_str() + 11), (3 + kSlack) * 1000) << report;
+    std::printf("rank %d: %s", r, report.c_str());  // what a user would read
+  }
+  EXPECT_NE(read_file(dir / "cut1.txt").find("the job's store at 10.77.0.1:"), std::string::npos)
+      << read_file(dir / "cut1.txt");
+}
+
+// Rank 0 on one host, rank 1 on the other, gloo; the link is cut mid-run. Both ranks, the one without the
+// store included, report the failure within the timeout + 5 s and exit.
+TEST(FaultNetwork, CutLinkBetweenTwoHostsEndsBothRanks) {
+  TwoHosts hosts;
+  if (!hosts.make()) GTEST_SKIP() << "cannot create network namespaces here (needs root)";
   fs::path dir = temp_dir();
   std::vector<Child> ranks;
   for (int r = 0; r < 2; ++r) {
-    const std::string ns = r == 0 ? a : b, dev = (r == 0 ? "va" : "vb") + tag;
-    ranks.push_back(spawn({"ip", "netns", "exec", ns, DTRAIN_COMM_WORKER, "cut-link", dir.string()},
+    ranks.push_back(spawn({"ip", "netns", "exec", hosts.ns[r], DTRAIN_COMM_WORKER, "cut-link", dir.string()},
                           {{"RANK", std::to_string(r)},
                            {"WORLD_SIZE", "2"},
                            {"LOCAL_WORLD_SIZE", "1"},
-                           {"MASTER_ADDR", "10.77.0.1"},
+                           {"MASTER_ADDR", hosts.ip[0]},
                            {"MASTER_PORT", "29517"},
-                           {"GLOO_SOCKET_IFNAME", dev},
+                           {"GLOO_SOCKET_IFNAME", hosts.dev[r]},
                            {"DTRAIN_BACKEND", "gloo"},
                            {"DTRAIN_JOB_SECRET", "two-hosts"},
                            {"DTRAIN_TIMEOUT", "3"}},
                           dir / ("out" + std::to_string(r) + ".txt")));
   }
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!(fs::exists(dir / "ready0.txt") && fs::exists(dir / "ready1.txt")) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);  // polling for both ranks to be in their loop
-  }
-  EXPECT_EQ(sh("ip netns exec " + b + " ip link set vb" + tag + " down"), 0);  // the cut
+  auto pids = await_ready(dir, 2);
+  ASSERT_EQ(hosts.cut(), 0);
+  expect_cut_reported(dir, pids, std::chrono::steady_clock::now());
   for (int r = 0; r < 2; ++r) {
-    Finished f = finish(ranks[r], 40s);
+    Finished f = finish(ranks[r], 10s);
     EXPECT_FALSE(f.timed_out) << "rank " << r << " did not exit: " << f.output;
-    std::string report = read_file(dir / ("cut" + std::to_string(r) + ".txt"));
-    ASSERT_EQ(report.rfind("elapsed_ms ", 0), 0u) << "rank " << r << ": " << report << f.output;
-    EXPECT_LT(std::atol(report.c_str() + 11), (3 + kSlack) * 1000) << report;
-    std::printf("rank %d: %s", r, report.c_str());  // what a user would read
   }
-  EXPECT_NE(read_file(dir / "cut1.txt").find("the job's store at 10.77.0.1:29517"), std::string::npos)
-      << read_file(dir / "cut1.txt");
-  sh("ip netns del " + a);
-  sh("ip netns del " + b);
+  fs::remove_all(dir);
+}
+
+// The same under mpi, started as a multi-host MPI job is: mpirun on the first host reaches the second
+// through an ssh stand-in that enters its namespace, and the ranks talk over TCP between the hosts. Both
+// ranks report and exit within the timeout + 5 s. (mpirun itself then waits for its daemon across the cut
+// link, as OpenMPI does; the test ends it.)
+TEST(FaultNetwork, CutLinkBetweenTwoHostsEndsBothRanksUnderMpi) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun is not on PATH";
+  TwoHosts hosts;
+  if (!hosts.make()) GTEST_SKIP() << "cannot create network namespaces here (needs root)";
+  fs::path dir = temp_dir();
+  {
+    std::ofstream agent(dir / "agent.sh");
+    agent << "#!/bin/sh\n# ssh stand-in: agent [options] HOST COMMAND; runs COMMAND in HOST's namespace\n"
+          << "while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n"
+          << "host=$1; shift\nexec ip netns exec \"$(cat \"$(dirname \"$0\")/ns-$host\")\" sh -c \"$*\"\n";
+    std::ofstream(dir / "hosts") << hosts.ip[0] << " slots=1\n" << hosts.ip[1] << " slots=1\n";
+    for (int h = 0; h < 2; ++h) std::ofstream(dir / ("ns-" + hosts.ip[h])) << hosts.ns[h] << "\n";
+  }
+  fs::permissions(dir / "agent.sh", fs::perms::owner_all);
+  const std::string net = "10.77.0.0/24";
+  Child mpirun = spawn({"ip",
+                        "netns",
+                        "exec",
+                        hosts.ns[0],
+                        "mpirun",
+                        "--allow-run-as-root",
+                        "-np",
+                        "2",
+                        "--hostfile",
+                        (dir / "hosts").string(),
+                        "--mca",
+                        "plm_rsh_agent",
+                        (dir / "agent.sh").string(),
+                        "--mca",
+                        "pml",
+                        "ob1",
+                        "--mca",
+                        "btl",
+                        "tcp,self",
+                        "--mca",
+                        "btl_tcp_if_include",
+                        net,
+                        "--mca",
+                        "oob_tcp_if_include",
+                        net,
+                        "-x",
+                        "DTRAIN_BACKEND=mpi",
+                        "-x",
+                        "MASTER_ADDR=" + hosts.ip[0],
+                        "-x",
+                        "DTRAIN_TIMEOUT=3",
+                        "-x",
+                        "OMP_NUM_THREADS=1",
+                        DTRAIN_COMM_WORKER,
+                        "cut-link",
+                        dir.string()},
+                       {}, dir / "mpirun.txt");
+  auto pids = await_ready(dir, 2);
+  ASSERT_TRUE(pids[0] > 0 && pids[1] > 0) << read_file(dir / "mpirun.txt");
+  ASSERT_EQ(hosts.cut(), 0);
+  expect_cut_reported(dir, pids, std::chrono::steady_clock::now());
+  ::kill(mpirun.pid, SIGKILL);
+  finish(mpirun, 10s);
   fs::remove_all(dir);
 }
 

@@ -121,7 +121,7 @@ void suite_cut_link(const comm::BackendPtr& world, const std::string& dir) {
   const int me = world->group_rank();
   at::Tensor x = at::ones({1024});
   world->all_reduce(x)->wait();
-  { std::ofstream(str_cat(dir, "/ready", me, ".txt")) << "ready\n"; }
+  write_report(str_cat(dir, "/ready", me, ".txt"), str_cat("ready ", ::getpid(), "\n"));
   std::ofstream out(str_cat(dir, "/cut", me, ".txt"));
   // One all_reduce every 50 ms (the pace of a training loop) until the link is cut and one fails.
   for (int i = 0; i < 1200; ++i) {
@@ -131,7 +131,7 @@ void suite_cut_link(const comm::BackendPtr& world, const std::string& dir) {
     } catch (const std::exception& e) {
       out << "elapsed_ms " << ms_since(t0) << "\nmessage " << e.what() << "\n";
       out.close();
-      std::_Exit(3);
+      throw;  // leaves through main's ordinary exit path, as a training program would
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
