@@ -4,6 +4,7 @@
 #include "apps/dtrain/cmd_bench.h"
 #include "apps/dtrain/cmd_run.h"
 #include "core/error.h"
+#include "core/units.h"
 
 using namespace dtrain;
 
@@ -65,15 +66,15 @@ TEST(Cli, BenchComm) {
 }
 
 TEST(Cli, BenchSizesAreChecked) {
-  EXPECT_EQ(apps::parse_bytes("64M"), 64 << 20);
-  EXPECT_EQ(apps::parse_bytes("4096"), 4096);
+  EXPECT_EQ(parse_bytes("bench comm: size", "64M"), 64 << 20);
+  EXPECT_EQ(parse_bytes("bench comm: size", "4096"), 4096);
   try {
-    apps::parse_bytes("12X");
+    parse_bytes("bench comm: size", "12X");
     FAIL() << "no error";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("size '12X' is not a size"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("bench comm: size: '12X' is not a size"), std::string::npos);
   }
-  EXPECT_THROW(apps::parse_bytes("-5"), ValueError);
+  EXPECT_THROW(parse_bytes("bench comm: size", "-5"), ValueError);
 }
 
 }  // namespace

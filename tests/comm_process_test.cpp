@@ -178,6 +178,22 @@ INSTANTIATE_TEST_SUITE_P(Backends, GPTEndToEnd,
                                            std::make_tuple("gloo", 4), std::make_tuple("mpi", 4)),
                          backend_ranks_name);
 
+// parallel::DataParallel (Horovod-style buckets) on models::GPT: 20 AdamW steps equal to one process, uneven
+// rows, accumulation, communication of a step, errors (tests/worker_parallel.cpp).
+class DataParallelParity : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(DataParallelParity, TwentyStepsMatchOneProcess) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "dp", "60");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DataParallelParity,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
+                                           std::make_tuple("mpi", 3)),
+                         backend_ranks_name);
+
 class Groups : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Groups, MeshAxisGroupsAndSplitOn2x2) {

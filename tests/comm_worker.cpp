@@ -314,6 +314,8 @@ int main(int argc, char** argv) {
       suite_dtensor(world);
     } else if (suite == "gpt") {
       suite_gpt(world);
+    } else if (suite == "dp") {
+      suite_data_parallel(world);
     } else if (suite == "ops") {
       suite_ops(world);
     } else if (suite == "hardening") {

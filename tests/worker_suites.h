@@ -16,6 +16,10 @@ void suite_ops(const comm::BackendPtr& world);
 void suite_dtensor(const comm::BackendPtr& world);
 // models::GPT, one forward + backward + AdamW step in the data parallel, Megatron and (4 ranks) 2-d layouts,
 // against the same model on one process.
+// parallel::DataParallel on models::GPT: parity with one process (accumulation 1 and 4, one and several
+// buckets), communication per step, broadcast of rank 0's weights, unused parameters, different modules.
+void suite_data_parallel(const comm::BackendPtr& world);
+
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,
 // plain tensors and decisions checked across ranks, views, from_local gradients, uneven and empty blocks,

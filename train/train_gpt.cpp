@@ -7,10 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "comm/init.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
+#include "parallel/data_parallel.h"
+#include "parallel/strategy.h"
 #include "tensor/comm_log.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
@@ -33,49 +37,150 @@ Placement megatron_placement(const std::string& name) {
   return Replicate();
 }
 
-int train_gpt(const TrainOptions& o) {
-  o.model.validate();
-  if (o.log_every < 1) {
-    throw ValueError(
-        str_cat("train: --log-every ", o.log_every, " must be at least 1. Use e.g. --log-every 20."));
+namespace {
+
+// Rank 0's view of the run: the loss lines every --log-every steps, and with --metrics one JSON object per
+// step (step, loss, elapsed_s, tokens_per_s) written and flushed as it comes.
+class StepLog {
+ public:
+  StepLog(const TrainOptions& o, bool lead, int64_t tokens_per_step)
+      : o_(o), lead_(lead), tokens_per_step_(tokens_per_step), t0_(std::chrono::steady_clock::now()) {
+    if (lead_ && !o.metrics.empty()) {
+      metrics_.open(o.metrics, std::ios::trunc);
+      if (!metrics_) {
+        throw ValueError(str_cat("train: --metrics ", o.metrics,
+                                 " cannot be written. Name a file in a folder that exists and is writable."));
+      }
+    }
   }
-  // Batches beyond this machine's reach fail here, naming the flag, rather than deep inside libtorch.
-  if (o.batch > (int64_t{1} << 20) || o.batch * (o.model.block_size + 1) > (int64_t{1} << 30)) {
-    throw ValueError(str_cat("train: --batch ", o.batch, " sequences of ", o.model.block_size + 1,
-                             " tokens is more than 2^30 tokens per step. Use a smaller --batch or --seq."));
+  // Whether step `step` needs the global loss.
+  bool wants(int64_t step) const {
+    return !o_.metrics.empty() || step == 1 || step % o_.log_every == 0 || step == o_.steps;
   }
-  auto world = dtrain::init();
-  const int64_t ws = world->group_size();
-  if (o.tp < 1 || ws % o.tp != 0) {
-    throw ValueError(str_cat("train: --tp ", o.tp, " does not divide the world size ", ws,
-                             ". Choose a divisor of ", ws, "."));
+  void step(int64_t step, double loss) {
+    if (step == 1) first_loss = loss;
+    last_loss = loss;
+    if (!lead_) return;
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    double rate = static_cast<double>(step * tokens_per_step_) / secs;
+    if (metrics_.is_open()) {
+      metrics_ << nlohmann::json{{"step", step}, {"loss", loss}, {"elapsed_s", secs}, {"tokens_per_s", rate}}
+                      .dump()
+               << "\n";
+      metrics_.flush();
+    }
+    if (step == 1 || step % o_.log_every == 0 || step == o_.steps) {
+      std::printf("step %5ld  loss %.4f  %.0f tokens/s\n", static_cast<long>(step), loss, rate);
+      std::fflush(stdout);
+    }
   }
-  if (o.batch < 1 || o.steps < 1) {
-    throw ValueError(str_cat("train: --batch ", o.batch, " and --steps ", o.steps, " must be positive."));
+  double first_loss = 0, last_loss = 0;
+
+ private:
+  const TrainOptions& o_;
+  bool lead_;
+  int64_t tokens_per_step_;
+  std::chrono::steady_clock::time_point t0_;
+  std::ofstream metrics_;
+};
+
+// This process's peak resident set (VmHWM), in MiB; 0 where /proc does not say.
+double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
   }
-  const int64_t dp = ws / o.tp;
+  return 0;
+}
+
+void print_end(const TrainOptions& o, const StepLog& log, double val, const std::string& last_step_comm) {
+  std::printf("dtrain train: loss %.4f -> %.4f over %ld steps; validation loss %.4f (uniform guess: %.4f)\n",
+              log.first_loss, log.last_loss, static_cast<long>(o.steps), val, std::log(256.0));
+  std::printf("communication of the last step (forward, backward, AdamW), by the op that caused it:\n%s",
+              last_step_comm.empty() ? "  none\n" : last_step_comm.c_str());
+}
+
+// Horovod-style data parallel: every rank holds the whole model on plain tensors and takes its rows of each
+// micro-batch; parallel::DataParallel all-reduces the gradient buckets during the last micro-step's backward.
+void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, models::GPT& gpt,
+                         const TextCorpus& corpus, const models::GPTConfig& cfg) {
+  const int64_t n = world->group_size(), me = world->group_rank();
+  parallel::DataParallelOptions dpo = parallel::with_horovod_env({});
+  if (o.bucket_bytes > 0) dpo.bucket_bytes = o.bucket_bytes;
+  parallel::DataParallel dp(*gpt, world, dpo);
+  torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+  const bool lead = me == 0;
+  if (lead) {
+    std::printf(
+        "dtrain train: %ld ranks, strategy dp (Horovod-style data parallel): %zu gradient buckets of up "
+        "to %.1f MiB, accumulation %ld\n",
+        static_cast<long>(n), dp.buckets().size(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
+        static_cast<long>(o.accumulation));
+  }
+  StepLog log(o, lead, o.batch * cfg.block_size);
+  const int64_t T = cfg.block_size;
+  std::string last_step_comm;
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    at::Tensor w = sample_windows(corpus.train, o.batch, T, o.seed, step);
+    tensor::CommLog::instance().clear();  // the log then holds one step
+    opt.zero_grad();
+    double share = 0;  // this rank's part of the global mean loss
+    for (int64_t k = 0; k < o.accumulation; ++k) {
+      parallel::RowRange micro = parallel::split_rows(o.batch, o.accumulation, k);
+      parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
+      at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
+      dp.set_requires_gradient_sync(k == o.accumulation - 1);
+      at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
+      // The global loss is the mean over all rows; DataParallel averages over the n ranks.
+      const double weight = static_cast<double>(mine.count) / static_cast<double>(o.batch);
+      (loss * (weight * static_cast<double>(n))).backward();
+      share += loss.item<double>() * weight;
+    }
+    opt.step();
+    if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
+    if (log.wants(step)) {
+      at::Tensor l = at::full({1}, share, at::kDouble);
+      world->all_reduce(l)->wait();
+      log.step(step, l.item<double>());
+    }
+  }
+  double val = 0;
+  {
+    at::NoGradGuard no_grad;
+    for (int64_t b = 0; b < o.eval_batches; ++b) {
+      at::Tensor w = sample_windows(corpus.val, o.batch, T, o.seed, -1 - b);
+      val += gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).item<double>();
+    }
+  }
+  if (lead) {
+    print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm);
+    int64_t psi = 0;
+    for (const auto& p : gpt->parameters()) psi += p.numel();
+    std::printf("peak resident memory of rank 0: %.1f MiB\n", peak_rss_mib());
+    std::printf(
+        "model state per rank: %s (data parallel with fp32 AdamW: 16 bytes x %ld parameters = %.2f MiB)\n",
+        dp.memory(&opt).to_string().c_str(), static_cast<long>(psi),
+        16.0 * static_cast<double>(psi) / (1 << 20));
+  }
+  world->barrier()->wait();
+}
+
+// Tensor parallel (Megatron layout through DTensor) on a (dp, tp) mesh; the dp axis reduces through DTensor's
+// Partial gradients.
+void train_dtensor(const TrainOptions& o, const comm::BackendPtr& world, models::GPT& gpt,
+                   const TextCorpus& corpus, const models::GPTConfig& cfg) {
+  const int64_t ws = world->group_size(), dp = ws / o.tp;
   auto mesh = std::make_shared<const mesh::DeviceMesh>(world, std::vector<int64_t>{dp, o.tp},
                                                        std::vector<std::string>{"dp", "tp"});
   const bool lead = world->group_rank() == 0;
-  TextCorpus corpus = load_text(o.data);
-  models::GPTConfig cfg = o.model;
-  cfg.vocab_size = 256;  // bytes
-  cfg.seed = o.seed;
-  models::GPT gpt(cfg);
-  int64_t n_params = 0;
-  for (const auto& p : gpt->parameters()) n_params += p.numel();
   distribute_module(*gpt, mesh, [](const std::string& name, const at::Tensor&) -> Placements {
     return {Replicate(), megatron_placement(name)};
   });
   torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
   if (lead) {
-    std::printf("dtrain train: GPT %ld layers x %ld wide, %ld heads, %ld parameters; %s\n",
-                static_cast<long>(cfg.n_layer), static_cast<long>(cfg.n_embd), static_cast<long>(cfg.n_head),
-                static_cast<long>(n_params), corpus.source.c_str());
-    std::printf(
-        "dtrain train: %ld ranks as mesh (dp=%ld, tp=%ld), global batch %ld x %ld tokens, %ld steps\n",
-        static_cast<long>(ws), static_cast<long>(dp), static_cast<long>(o.tp), static_cast<long>(o.batch),
-        static_cast<long>(cfg.block_size), static_cast<long>(o.steps));
+    std::printf("dtrain train: %ld ranks as mesh (dp=%ld, tp=%ld) through DTensor\n", static_cast<long>(ws),
+                static_cast<long>(dp), static_cast<long>(o.tp));
   }
   // This rank's rows of a global batch (the same windows on every rank; no communication).
   const Placements data{Shard(0), Replicate()};
@@ -88,8 +193,7 @@ int train_gpt(const TrainOptions& o) {
     return std::make_pair(to_dtensor(w.narrow(1, 0, cfg.block_size).contiguous()),
                           to_dtensor(w.narrow(1, 1, cfg.block_size).contiguous()));
   };
-  auto t0 = std::chrono::steady_clock::now();
-  double first_loss = 0, last_loss = 0;
+  StepLog log(o, lead, o.batch * cfg.block_size);
   std::string last_step_comm;
   for (int64_t step = 1; step <= o.steps; ++step) {
     auto [x, y] = batch_at(corpus.train, step);
@@ -99,17 +203,7 @@ int train_gpt(const TrainOptions& o) {
     loss.backward();
     opt.step();
     if (step == o.steps) last_step_comm = CommLog::instance().summary();
-    if (step == 1 || step % o.log_every == 0 || step == o.steps) {
-      double l = full_tensor(loss.detach()).item().toDouble();
-      if (step == 1) first_loss = l;
-      last_loss = l;
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (lead) {
-        std::printf("step %5ld  loss %.4f  %.0f tokens/s\n", static_cast<long>(step), l,
-                    static_cast<double>(step * o.batch * cfg.block_size) / secs);
-        std::fflush(stdout);
-      }
-    }
+    if (log.wants(step)) log.step(step, full_tensor(loss.detach()).item().toDouble());
   }
   double val = 0;
   {
@@ -119,15 +213,72 @@ int train_gpt(const TrainOptions& o) {
       val += full_tensor(gpt->loss(x, y)).item().toDouble();
     }
   }
-  if (lead) {
-    std::printf(
-        "dtrain train: loss %.4f -> %.4f over %ld steps; validation loss %.4f (uniform guess: %.4f)\n",
-        first_loss, last_loss, static_cast<long>(o.steps), val / static_cast<double>(o.eval_batches),
-        std::log(256.0));
-    std::printf("communication of the last step (forward, backward, AdamW), by the op that caused it:\n%s",
-                last_step_comm.empty() ? "  none\n" : last_step_comm.c_str());
-  }
+  if (lead) print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm);
   world->barrier()->wait();
+}
+
+}  // namespace
+
+int train_gpt(const TrainOptions& o) {
+  o.model.validate();
+  if (o.log_every < 1) {
+    throw ValueError(
+        str_cat("train: --log-every ", o.log_every, " must be at least 1. Use e.g. --log-every 20."));
+  }
+  // Batches beyond this machine's reach fail here, naming the flag, rather than deep inside libtorch.
+  if (o.batch > (int64_t{1} << 20) || o.batch * (o.model.block_size + 1) > (int64_t{1} << 30)) {
+    throw ValueError(str_cat("train: --batch ", o.batch, " sequences of ", o.model.block_size + 1,
+                             " tokens is more than 2^30 tokens per step. Use a smaller --batch or --seq."));
+  }
+  if (o.batch < 1 || o.steps < 1) {
+    throw ValueError(str_cat("train: --batch ", o.batch, " and --steps ", o.steps, " must be positive."));
+  }
+  if (o.accumulation < 1 || o.accumulation > o.batch) {
+    throw ValueError(str_cat("train: --accumulation ", o.accumulation, " must be between 1 and --batch (",
+                             o.batch, "): the global batch is split into that many micro-batches."));
+  }
+  const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
+  if (strategy != parallel::Strategy::kDataParallel) {
+    throw NotSupportedError(str_cat("train: --strategy ", o.strategy, " (", parallel::to_string(strategy),
+                                    ") is not implemented yet; dp is. Use --strategy dp."));
+  }
+  auto world = dtrain::init();
+  const int64_t ws = world->group_size();
+  if (o.tp < 1 || ws % o.tp != 0) {
+    throw ValueError(str_cat("train: --tp ", o.tp, " does not divide the world size ", ws,
+                             ". Choose a divisor of ", ws, "."));
+  }
+  const int64_t dp = ws / o.tp;
+  if (o.batch / o.accumulation < dp) {
+    throw ValueError(str_cat("train: --batch ", o.batch, " in ", o.accumulation, " micro-batches gives ",
+                             o.batch / o.accumulation, " sequences per micro-batch, fewer than the ", dp,
+                             " data-parallel ranks; each needs at least one. Use --batch of at least ",
+                             dp * o.accumulation, "."));
+  }
+  if (o.tp > 1 && o.accumulation != 1) {
+    throw NotSupportedError(str_cat("train: --accumulation ", o.accumulation, " with --tp ", o.tp,
+                                    " is not implemented yet. Use --accumulation 1 with --tp."));
+  }
+  const bool lead = world->group_rank() == 0;
+  TextCorpus corpus = load_text(o.data);
+  models::GPTConfig cfg = o.model;
+  cfg.vocab_size = 256;  // bytes
+  cfg.seed = o.seed;
+  models::GPT gpt(cfg);
+  int64_t n_params = 0;
+  for (const auto& p : gpt->parameters()) n_params += p.numel();
+  if (lead) {
+    std::printf("dtrain train: GPT %ld layers x %ld wide, %ld heads, %ld parameters; %s\n",
+                static_cast<long>(cfg.n_layer), static_cast<long>(cfg.n_embd), static_cast<long>(cfg.n_head),
+                static_cast<long>(n_params), corpus.source.c_str());
+    std::printf("dtrain train: global batch %ld x %ld tokens, %ld steps\n", static_cast<long>(o.batch),
+                static_cast<long>(cfg.block_size), static_cast<long>(o.steps));
+  }
+  if (o.tp == 1) {
+    train_data_parallel(o, world, gpt, corpus, cfg);
+  } else {
+    train_dtensor(o, world, gpt, corpus, cfg);
+  }
   return 0;
 }
 

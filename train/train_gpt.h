@@ -1,5 +1,6 @@
-// A first training run: models::GPT on text (one token per byte), data parallel and/or Megatron tensor
-// parallel through DTensor, AdamW, loss logged on rank 0. What `scripts/main.sh` runs (`dtrain train`).
+// A first training run: models::GPT on text (one token per byte), Horovod-style data parallel
+// (parallel::DataParallel) or Megatron tensor parallel through DTensor, AdamW, loss logged on rank 0. What
+// `scripts/main.sh` runs (`dtrain train`).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,10 @@ struct TrainOptions {
   int64_t batch = 16;                           // global: split over the data-parallel ranks
   int64_t steps = 300;
   int64_t tp = 1;  // tensor-parallel ranks (Megatron layout); the rest of the world is data parallel
+  std::string strategy = "dp";  // parallel::parse_strategy's names
+  int64_t bucket_bytes = 0;     // data parallel's gradient buckets; 0: 25 MiB or HOROVOD_FUSION_THRESHOLD
+  int64_t accumulation = 1;     // micro-batches per optimizer step (the global batch split K ways)
+  std::string metrics;          // a JSONL file, one object per step on rank 0 ("" = none)
   double lr = 1e-3;
   double weight_decay = 0.1;
   int64_t log_every = 20;

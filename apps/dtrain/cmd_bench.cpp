@@ -4,30 +4,9 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/units.h"
 
 namespace dtrain::apps {
-
-int64_t parse_bytes(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  std::string unit = end ? std::string(end) : "";
-  double mult = -1;
-  if (unit.empty() || unit == "B") mult = 1;
-  if (unit == "K" || unit == "KB" || unit == "KiB") mult = 1024.0;
-  if (unit == "M" || unit == "MB" || unit == "MiB") mult = 1024.0 * 1024;
-  if (unit == "G" || unit == "GB" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  if (end == s.c_str() || mult < 0 || !(v > 0)) {
-    throw ValueError(str_cat("bench comm: size '", s,
-                             "' is not a size. Use a positive number with an optional unit ",
-                             "K, M or G (powers of 1024), e.g. 1K, 64M or 4096."));
-  }
-  if (!(v * mult <= static_cast<double>(int64_t{1} << 40))) {
-    throw ValueError(str_cat("bench comm: size '", s,
-                             "' is more than 1 TiB per collective, beyond what a rank ",
-                             "can hold. Use e.g. 64M."));
-  }
-  return static_cast<int64_t>(v * mult);
-}
 
 namespace {
 
@@ -55,11 +34,13 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommOptions& opts) {
       "--ops", [&opts](const std::string& v) { opts.sweep.ops = split_commas(v); },
       "Comma-separated collectives (default: all_reduce,all_gather,reduce_scatter,broadcast,all_to_all)");
   comm->add_option_function<std::string>(
-          "--min-bytes", [&opts](const std::string& v) { opts.sweep.min_bytes = parse_bytes(v); },
+          "--min-bytes",
+          [&opts](const std::string& v) { opts.sweep.min_bytes = parse_bytes("bench comm: size", v); },
           "Smallest size, e.g. 1K")
       ->default_str("1K");
   comm->add_option_function<std::string>(
-          "--max-bytes", [&opts](const std::string& v) { opts.sweep.max_bytes = parse_bytes(v); },
+          "--max-bytes",
+          [&opts](const std::string& v) { opts.sweep.max_bytes = parse_bytes("bench comm: size", v); },
           "Largest size, e.g. 64M")
       ->default_str("64M");
   comm->add_option("--step-factor", opts.sweep.step_factor, "Size multiplier between rows")

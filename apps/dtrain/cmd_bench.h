@@ -11,7 +11,5 @@ namespace dtrain::apps {
 // after parsing; a bad one is a ValueError). Returns the `bench comm` subcommand.
 CLI::App* add_bench_command(CLI::App& app, BenchCommOptions& opts);
 
-// "1K" -> 1024, "64M" -> 67108864, "4096" -> 4096; ValueError with the value otherwise.
-int64_t parse_bytes(const std::string& s);
 
 }  // namespace dtrain::apps

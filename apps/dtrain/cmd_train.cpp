@@ -1,6 +1,8 @@
 // Command-line options of `dtrain train`; see cmd_train.h.
 #include "apps/dtrain/cmd_train.h"
 
+#include "core/units.h"
+
 namespace dtrain::apps {
 
 CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
@@ -16,6 +18,19 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
   c->add_option("--width", o.model.n_embd, "Model width (a multiple of --heads)")->capture_default_str();
   c->add_option("--tp", o.tp, "Tensor-parallel ranks (Megatron layout); the others are data parallel")
       ->capture_default_str();
+  c->add_option("--strategy", o.strategy,
+                "dp (Horovod-style data parallel; also ddp, horovod); zero1, zero2, zero3, hsdp are not "
+                "implemented yet")
+      ->capture_default_str();
+  c->add_option_function<std::string>(
+      "--bucket-bytes", [&o](const std::string& v) { o.bucket_bytes = parse_bytes("--bucket-bytes", v); },
+      "Gradient bucket size for dp, e.g. 25M (default 25M, or HOROVOD_FUSION_THRESHOLD)");
+  c->add_option(
+       "--accumulation", o.accumulation,
+       "Micro-batches per step: the global batch is split this many ways, gradients communicated once")
+      ->capture_default_str();
+  c->add_option("--metrics", o.metrics,
+                "Write one JSON object per step (step, loss, elapsed_s) to this file");
   c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   c->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
   c->add_option("--log-every", o.log_every, "Log the loss every this many steps")->capture_default_str();

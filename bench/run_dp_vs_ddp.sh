@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Data parallel: `dtrain train --strategy dp` (Gloo, and MPI) vs PyTorch 2.13's DistributedDataParallel
+# (bench/gpt_ddp.py, Gloo, its default 25 MB buckets) on the same GPT, 2 ranks, same launcher and thread settings,
+# alternating sides each round, at two sizes. Prints the markdown table for bench/RESULTS.md. Build first.
+#   bash bench/run_dp_vs_ddp.sh [OUT_DIR]        (ROUNDS=3 STEPS=60 by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/build/apps/dtrain:$PATH
+out=${1:-bench/out/dp}
+rounds=${ROUNDS:-3}
+steps=${STEPS:-60}
+mkdir -p "$out"
+declare -A size=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 16"
+                 [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16")
+for s in small medium; do
+  for r in $(seq "$rounds"); do
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --metrics "$out/dtrain-gloo-$s-$r.jsonl" > "$out/dtrain-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${size[$s]} --steps "$steps" \
+      --metrics "$out/ddp-gloo-$s-$r.jsonl" > "$out/ddp-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend mpi -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --metrics "$out/dtrain-mpi-$s-$r.jsonl" > "$out/dtrain-mpi-$s-$r.log" 2>&1
+  done
+done
+.venv/bin/python bench/report_dp.py "$out"

@@ -1,0 +1,95 @@
+// Horovod-style data parallel for any torch::nn::Module: the module runs on plain local tensors, each rank on
+// its part of the batch. Once a parameter's gradient is accumulated, a hook copies it into a fused bucket; a
+// bucket is all-reduced (averaged) asynchronously the moment its last gradient is in, in the same bucket
+// order on every rank, so communication overlaps the rest of backward. When backward ends, the reduced
+// buckets become the parameters' gradients (views into the buckets), and the user's torch::optim optimizer
+// steps unchanged.
+//
+//   parallel::DataParallel dp(*model, world);  // checks the ranks agree, broadcasts rank 0's weights
+//   loss = model->forward(my_rows) ...; loss.backward();  // buckets all-reduced during backward
+//   optimizer.step();
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+
+namespace dtrain::parallel {
+
+struct DataParallelOptions {
+  // Bucket size in bytes (DDP's bucket_cap_mb, Horovod's HOROVOD_FUSION_THRESHOLD).
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // The first bucket (the gradients backward produces first: the last layers) is small, so that
+  // communication starts early, as DDP does.
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+  // A parameter that gets no gradient in a backward is an error naming it, unless this is set (DDP's
+  // find_unused_parameters): it then contributes zeros.
+  bool allow_unused = false;
+  // After the first backward, buckets are laid out again in the order the gradients arrived (group rank 0's
+  // order, so that every rank agrees), as DDP does.
+  bool rebuild_buckets = true;
+};
+
+// `base` with Horovod's variables applied: HOROVOD_FUSION_THRESHOLD (bytes) sets bucket_bytes.
+// HOROVOD_CYCLE_TIME is refused with a message: buckets here go out the moment they are full, there is no
+// cycle to tune. ValueError naming the variable for a bad value.
+DataParallelOptions with_horovod_env(DataParallelOptions base);
+
+// Rows [start, start + count) of `rows` that part `index` of `parts` takes: as even as possible, the first
+// rows % parts parts one row more (16 rows on 3 ranks: 6, 5, 5). Pure.
+struct RowRange {
+  int64_t start = 0;
+  int64_t count = 0;
+};
+RowRange split_rows(int64_t rows, int64_t parts, int64_t index);
+
+// Model-state memory of one rank, in bytes (DESIGN §5).
+struct ModelStateMemory {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  int64_t buffers = 0;
+  int64_t buckets = 0;  // communication buffers beyond the gradients (0 here: gradients live in the buckets)
+  int64_t total() const { return parameters + gradients + optimizer_state + buffers + buckets; }
+  std::string to_string() const;
+};
+
+// Bytes of the tensors an optimizer holds as state (Adam's moments, ...), each counted once.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+// Thread-safety: construct, step and destroy from one thread; the hooks run on the thread that calls
+// backward (CPU autograd).
+class DataParallel {
+ public:
+  // Collective over `group`: every rank must hold the same module structure (parameter and buffer names,
+  // dtypes and shapes; else a ValueError on every rank naming the first difference and the ranks), then group
+  // rank 0's parameters and buffers are broadcast, the buckets laid out, and the gradient hooks installed.
+  DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts = {});
+  ~DataParallel();  // removes the hooks; parameters and gradients stay as they are
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Gradient accumulation: while off, backward only accumulates into .grad and nothing is communicated; the
+  // next backward with it on reduces the accumulated sums (FSDP2's set_requires_gradient_sync, DDP's
+  // no_sync).
+  void set_requires_gradient_sync(bool sync);
+  bool requires_gradient_sync() const;
+
+  // Parameter names per bucket, in the order the buckets are all-reduced.
+  std::vector<std::vector<std::string>> buckets() const;
+  ModelStateMemory memory(const torch::optim::Optimizer* optimizer = nullptr) const;
+  const comm::BackendPtr& group() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::parallel

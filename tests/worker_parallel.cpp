@@ -1,0 +1,222 @@
+// The data-parallel suites (see worker_suites.h): parallel::DataParallel on an unmodified models::GPT, each
+// rank on its (uneven) rows, against the same model trained on the whole batch in this process with plain
+// libtorch; its communication from CommLog; its errors; its memory report.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "models/gpt.h"
+#include "parallel/data_parallel.h"
+#include "tensor/comm_log.h"
+#include "tests/worker_checks.h"
+#include "tests/worker_suites.h"
+
+namespace dtrain::test {
+
+namespace {
+
+models::GPTConfig small_gpt(int64_t width = 32) {
+  models::GPTConfig c;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = width;
+  c.seed = 7;
+  return c;
+}
+
+// [rows, T + 1] token windows, the same on every rank, different per step.
+at::Tensor windows(int64_t rows, const models::GPTConfig& c, int64_t step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  return at::randint(c.vocab_size, {rows, c.block_size + 1}, gen, at::kLong);
+}
+
+// ||actual - expected|| <= tol * ||expected||, relative by the norm of the difference. A parameter that is
+// zero in exact arithmetic (attention's key bias: softmax ignores it; its gradient is rounding noise) holds
+// only float64 noise, about 1e-14: it compares against an absolute floor of 1e-10.
+void check_relative(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
+                    double tol) {
+  ++g_checks;
+  double diff = (actual.to(at::kDouble) - expected.to(at::kDouble)).norm().item<double>();
+  double scale = std::max(expected.to(at::kDouble).norm().item<double>(), 1e-10 / tol);
+  if (!(diff <= tol * scale)) {
+    g_failures += str_cat("FAIL ", what, ": |diff| ", diff, " > ", tol, " x |expected| ", scale, "\n");
+  }
+}
+
+void check_true(const std::string& what, bool ok) {
+  ++g_checks;
+  if (!ok) g_failures += str_cat("FAIL ", what, "\n");
+}
+
+int64_t param_bytes(torch::nn::Module& m) {
+  int64_t b = 0;
+  for (const auto& p : m.parameters()) b += p.numel() * p.element_size();
+  return b;
+}
+
+// 20 AdamW steps at `accumulation` micro-batches per step, buckets of `bucket_bytes`, float64.
+void check_parity(const comm::BackendPtr& world, int64_t accumulation, int64_t bucket_bytes) {
+  const std::string tag = str_cat("dp accumulation ", accumulation, " buckets ", bucket_bytes, ": ");
+  const models::GPTConfig cfg = small_gpt();
+  const int64_t B = 18, T = cfg.block_size, steps = 20, n = world->group_size(), me = world->group_rank();
+  // In float64: float32's rounding differs between one batch and its split into ranks' rows, and AdamW turns
+  // that noise into whole steps for gradients that are zero in exact arithmetic (attention's key bias), so
+  // only float64 can show the 1e-5 agreement of every parameter.
+  models::GPT ref(cfg), gpt(cfg);
+  ref->to(at::kDouble);
+  gpt->to(at::kDouble);
+  auto adamw = [](torch::nn::Module& m) {
+    return torch::optim::AdamW(m.parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+  };
+  torch::optim::AdamW ref_opt = adamw(*ref);
+  parallel::DataParallelOptions o;
+  o.bucket_bytes = bucket_bytes;
+  o.first_bucket_bytes = bucket_bytes / 4;
+  parallel::DataParallel dp(*gpt, world, o);
+  torch::optim::AdamW opt = adamw(*gpt);
+  const int64_t psi_bytes = param_bytes(*gpt);
+  for (int64_t step = 1; step <= steps; ++step) {
+    at::Tensor w = windows(B, cfg, step);
+    ref_opt.zero_grad();
+    at::Tensor ref_loss = ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
+    ref_loss.backward();
+    ref_opt.step();
+
+    opt.zero_grad();
+    double share = 0;
+    for (int64_t k = 0; k < accumulation; ++k) {
+      tensor::CommLog::instance().clear();
+      parallel::RowRange micro = parallel::split_rows(B, accumulation, k);
+      parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
+      at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
+      const bool last = k == accumulation - 1;
+      dp.set_requires_gradient_sync(last);
+      at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
+      const double weight = static_cast<double>(mine.count) / static_cast<double>(B);
+      (loss * (weight * static_cast<double>(n))).backward();
+      share += loss.item<double>() * weight;
+      tensor::CommTotals c = tensor::CommLog::instance().totals();
+      if (!last) {
+        check_true(str_cat(tag, "step ", step, " micro-step ", k, ": no communication before the last (got ",
+                           c.collectives, ")"),
+                   c.collectives == 0);
+      } else if (step >= 2) {  // the first step also agrees on the rebuilt bucket order
+        const int64_t nb = static_cast<int64_t>(dp.buckets().size());
+        check_true(str_cat(tag, "step ", step, ": only the ", nb, " bucket all_reduces (got ", c.collectives,
+                           " collectives, ", c.by_kind["all_reduce"], " all_reduce)"),
+                   c.collectives == nb && c.by_kind["all_reduce"] == nb && c.by_cause["data_parallel"] == nb);
+        check_true(str_cat(tag, "step ", step, ": the buckets hold 4 bytes per parameter (", c.bytes, " vs ",
+                           psi_bytes, ")"),
+                   c.bytes == psi_bytes);
+      }
+    }
+    opt.step();
+    at::Tensor l = at::full({1}, share, at::kDouble);
+    world->all_reduce(l)->wait();
+    check_relative(str_cat(tag, "step ", step, " loss"), l, ref_loss.detach().to(at::kDouble).view({1}),
+                   1e-5);
+  }
+  auto mine = gpt->named_parameters(), theirs = ref->named_parameters();
+  for (const auto& item : theirs) {
+    check_relative(str_cat(tag, "final ", item.key()), mine[item.key()], item.value(), 1e-5);
+  }
+  // Model state per rank: parameters Ψ, gradients Ψ (in the buckets), AdamW's two moments 2Ψ (here in bytes
+  // of float64; 16 bytes per parameter in float32).
+  parallel::ModelStateMemory m = dp.memory(&opt);
+  check_true(str_cat(tag, "memory: ", m.to_string()), m.parameters == psi_bytes && m.gradients == psi_bytes &&
+                                                          m.optimizer_state == 2 * psi_bytes &&
+                                                          m.buckets == 0 && m.buffers == 0);
+  if (bucket_bytes < psi_bytes) {
+    check_true(str_cat(tag, "several buckets (", dp.buckets().size(), ")"), dp.buckets().size() > 1);
+  }
+}
+
+// A GPT with one more Linear that forward never uses.
+struct WithUnusedImpl : torch::nn::Module {
+  WithUnusedImpl() {
+    gpt = register_module("gpt", models::GPT(small_gpt()));
+    spare = register_module("spare", torch::nn::Linear(4, 4));
+  }
+  models::GPT gpt{nullptr};
+  torch::nn::Linear spare{nullptr};
+};
+TORCH_MODULE(WithUnused);
+
+void check_unused(const comm::BackendPtr& world) {
+  const models::GPTConfig cfg = small_gpt();
+  const int64_t T = cfg.block_size;
+  at::Tensor w = windows(world->group_size(), cfg, 1).narrow(0, world->group_rank(), 1);
+  {
+    WithUnused m;
+    parallel::DataParallel dp(*m, world);
+    std::string error;
+    try {
+      m->gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    check_true(
+        str_cat("an unused parameter is an error naming it, got: ", error),
+        error.find("received no gradient in this backward: spare.weight, spare.bias") != std::string::npos &&
+            error.find("allow_unused") != std::string::npos);
+  }
+  {
+    WithUnused m;
+    parallel::DataParallelOptions o;
+    o.allow_unused = true;
+    parallel::DataParallel dp(*m, world, o);
+    m->gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
+    check_equal("allow_unused: the unused weight's gradient is zero", m->spare->weight.grad(),
+                at::zeros_like(m->spare->weight));
+    check_true("allow_unused: the used parameters have gradients",
+               m->gpt->wte->weight.grad().abs().sum().item<double>() > 0);
+  }
+}
+
+// The last rank builds a wider model: every rank's error names it and the first difference.
+void check_mismatch(const comm::BackendPtr& world) {
+  const int n = world->group_size(), me = world->group_rank();
+  models::GPT gpt(small_gpt(me == n - 1 ? 48 : 32));
+  std::string error;
+  try {
+    parallel::DataParallel dp(*gpt, world);
+  } catch (const ValueError& e) {
+    error = e.what();
+  }
+  check_true(str_cat("a different module on rank ", n - 1, " is named on every rank, got: ", error),
+             error.find(str_cat("rank ", n - 1,
+                                " has parameter 'wte.weight' Float [64, 48] where rank 0 has "
+                                "parameter 'wte.weight' Float [64, 32]")) != std::string::npos);
+}
+
+// Rank 0's weights reach every rank: the others start from other seeds.
+void check_broadcast(const comm::BackendPtr& world) {
+  models::GPTConfig cfg = small_gpt();
+  cfg.seed = 100 + world->group_rank();
+  models::GPT gpt(cfg);
+  parallel::DataParallel dp(*gpt, world);
+  cfg.seed = 100;
+  models::GPT rank0(cfg);
+  auto theirs = rank0->named_parameters();
+  for (const auto& item : gpt->named_parameters()) {
+    check_equal(str_cat("broadcast ", item.key()), item.value(), theirs[item.key()]);
+  }
+}
+
+}  // namespace
+
+void suite_data_parallel(const comm::BackendPtr& world) {
+  check_broadcast(world);
+  check_parity(world, 1, int64_t{25} << 20);  // one bucket
+  check_parity(world, 4, 16 << 10);           // several, and accumulation
+  if (world->group_size() > 1) check_mismatch(world);
+  check_unused(world);
+}
+
+}  // namespace dtrain::test
