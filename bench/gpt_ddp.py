@@ -1,4 +1,4 @@
-"""PyTorch's peer of `dtrain train --strategy dp`: the same GPT as models::GPT (token + position embedding,
+"""PyTorch's peer of `dtrain train --strategy dp` (and, with --zero, of zero1: ZeroRedundancyOptimizer): the same GPT as models::GPT (token + position embedding,
 pre-LayerNorm blocks with separate q, k, v projections, causal SDPA, a GELU MLP 4x wide, final LayerNorm, head
 tied to the token embedding), trained with AdamW under torch's DistributedDataParallel (its defaults: 25 MB
 buckets), Gloo, each rank on its rows of the global batch. Started by `dtrain run -n N -- python bench/gpt_ddp.py`
@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--metrics", default="")
+    ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer (optimizer state sharded) under DDP")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
@@ -75,7 +76,12 @@ def main():
     torch.manual_seed(1234)
     model = GPT(256, a.seq, a.layers, a.heads, a.width)
     ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    if a.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     rows = [a.batch // n + (1 if r < a.batch % n else 0) for r in range(n)]
     start = sum(rows[:rank])
     out = open(a.metrics, "w") if a.metrics and rank == 0 else None

@@ -22,11 +22,11 @@ def peak(log):
 
 
 def main(out):
-    print("| size | side | median step (ms) | ratio to DDP | peak RSS rank 0 (MiB) |")
+    print("| size | side | median step (ms) | ratio to its PyTorch peer | peak RSS rank 0 (MiB) |")
     print("|---|---|---:|---:|---:|")
     for size in ("small", "medium"):
         med = {}
-        for side in ("ddp-gloo", "dtrain-gloo", "dtrain-mpi"):
+        for side in ("ddp-gloo", "dtrain-gloo", "dtrain-mpi", "zero_redundancy-gloo", "zero1-gloo", "zero2-gloo"):
             files = sorted(glob.glob(os.path.join(out, f"{side}-{size}-*.jsonl")))
             if not files:
                 continue
@@ -34,8 +34,9 @@ def main(out):
             med[side] = statistics.median(times) * 1000
             p, net = peak(files[0].replace(".jsonl", ".log"))
             mem = f"{p:.0f}" + (f" ({net:.0f} net of the interpreter)" if net is not None else "")
-            ratio = med[side] / med["ddp-gloo"] if "ddp-gloo" in med else float("nan")
-            print(f"| {size} | {side} | {med[side]:.1f} | {ratio:.2f} | {mem} |")
+            peer = "zero_redundancy-gloo" if side.startswith("zero") else "ddp-gloo"
+            ratio = med[side] / med[peer] if peer in med else float("nan")
+            print(f"| {size} | {side} | {med[side]:.1f} | {ratio:.2f} (to {peer}) | {mem} |")
 
 
 if __name__ == "__main__":

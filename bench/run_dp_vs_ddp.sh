@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Data parallel: `dtrain train --strategy dp` (Gloo, and MPI) vs PyTorch 2.13's DistributedDataParallel
-# (bench/gpt_ddp.py, Gloo, its default 25 MB buckets) on the same GPT, 2 ranks, same launcher and thread settings,
+# (bench/gpt_ddp.py, Gloo, its default 25 MB buckets), and zero1/zero2 vs DDP with ZeroRedundancyOptimizer, on
+# the same GPT, 2 ranks, same launcher and thread settings,
 # alternating sides each round, at two sizes. Prints the markdown table for bench/RESULTS.md. Build first.
 #   bash bench/run_dp_vs_ddp.sh [OUT_DIR]        (ROUNDS=3 STEPS=60 by default)
 set -euo pipefail
@@ -23,6 +24,15 @@ for s in small medium; do
     # shellcheck disable=SC2086
     dtrain run -n 2 --backend mpi -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
       --metrics "$out/dtrain-mpi-$s-$r.jsonl" > "$out/dtrain-mpi-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --strategy zero1 --metrics "$out/zero1-gloo-$s-$r.jsonl" > "$out/zero1-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${size[$s]} --steps "$steps" --zero \
+      --metrics "$out/zero_redundancy-gloo-$s-$r.jsonl" > "$out/zero_redundancy-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --strategy zero2 --metrics "$out/zero2-gloo-$s-$r.jsonl" > "$out/zero2-gloo-$s-$r.log" 2>&1
   done
 done
 .venv/bin/python bench/report_dp.py "$out"

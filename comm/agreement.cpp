@@ -29,7 +29,7 @@ std::string field_value(int field, int64_t v) {
     case 2:
       return str_cat(v, " elements");
     case 3:
-      return str_cat("counts #", static_cast<uint64_t>(v) % 100000);
+      return str_cat("counts (or run of collectives) #", static_cast<uint64_t>(v) % 100000);
     case 4:
       return v < 0 ? "none" : to_string(static_cast<ReduceOp>(v));
     case 5:
@@ -59,6 +59,15 @@ void Backend::sign(OpInfo* info, int64_t kind, const at::Tensor& t, int64_t tota
   if (!g_agreement) return;
   info->signature = {kind, t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1, total, counts_hash, op,
                      root};
+}
+
+void Backend::sign_in_run(OpInfo* info, const AgreementRun& run, int64_t kind, const at::Tensor& t,
+                          int64_t total, int64_t counts_hash, int64_t op, int64_t root) {
+  if (run.fingerprint == 0) {
+    sign(info, kind, t, total, counts_hash, op, root);
+  } else if (run.first) {  // checks the whole run; the rest of it goes unsigned
+    sign(info, kind, t, total, static_cast<int64_t>(run.fingerprint >> 1), op, root);
+  }
 }
 
 void check_signatures(const OpInfo& info, const int64_t* a, const std::vector<int>& global_ranks) {

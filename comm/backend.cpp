@@ -214,7 +214,7 @@ WorkPtr Backend::all_reduce(at::Tensor& tensor, const AllReduceOptions& opts) {
                              " would truncate. Use sum and divide, or cast to a floating dtype."));
   }
   OpInfo info = begin("all_reduce", all_peers(), opts.timeout, true);
-  sign(&info, 1, tensor, tensor.numel(), 0, op_of(opts.op), -1);
+  sign_in_run(&info, opts.run, 1, tensor, tensor.numel(), 0, op_of(opts.op), -1);
   std::function<void()> copy_back;
   at::Tensor buf = flat_output(tensor, true, &copy_back);
   ReduceOp op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
@@ -249,7 +249,7 @@ WorkPtr Backend::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                              " would truncate. Use sum and divide, or cast to a floating dtype."));
   }
   OpInfo info = begin(op_name, all_peers(), opts.timeout, true);
-  sign(&info, 2, input, sum_of(counts), hash_of(counts), op_of(opts.op), -1);
+  sign_in_run(&info, opts.run, 2, input, sum_of(counts), hash_of(counts), op_of(opts.op), -1);
   at::Tensor in = flat_input(input);
   std::function<void()> copy_back;
   at::Tensor out = flat_output(output, false, &copy_back);
@@ -290,7 +290,7 @@ WorkPtr Backend::all_gather_v(at::Tensor& output, const at::Tensor& input, const
   check_numel(op_name, "input", input.numel(), counts[group_rank_], str_cat("counts[", group_rank_, "]"));
   check_numel(op_name, "output", output.numel(), sum_of(counts), "the sum of counts");
   OpInfo info = begin(op_name, all_peers(), opts.timeout, true);
-  sign(&info, 3, input, sum_of(counts), hash_of(counts), -1, -1);
+  sign_in_run(&info, opts.run, 3, input, sum_of(counts), hash_of(counts), -1, -1);
   at::Tensor in = flat_input(input);
   std::function<void()> copy_back;
   at::Tensor out = flat_output(output, false, &copy_back);

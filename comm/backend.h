@@ -14,7 +14,8 @@
 // collective, dtype, element count or counts, reduce op, root; OpInfo::signature) in one small all_gather,
 // on the backend's own thread so that the call stays asynchronous. Ranks that disagree raise a ValueError on
 // every rank (from wait()) naming the rank that differs and what differs, instead of the engine aborting the
-// process (Gloo) or returning a wrong result (same bytes, other dtype; another root).
+// process (Gloo) or returning a wrong result (same bytes, other dtype; another root). A run of collectives
+// (AgreementRun, e.g. a step's gradient buckets) is checked once, at its first collective.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -117,6 +118,9 @@ class Backend : public std::enable_shared_from_this<Backend> {
   // Sets info->signature for an agreement check (see the class comment).
   static void sign(OpInfo* info, int64_t kind, const at::Tensor& t, int64_t total, int64_t counts_hash,
                    int64_t op, int64_t root);
+  // sign(), or for a member of an AgreementRun: the first carries the run's fingerprint, the others nothing.
+  static void sign_in_run(OpInfo* info, const AgreementRun& run, int64_t kind, const at::Tensor& t,
+                          int64_t total, int64_t counts_hash, int64_t op, int64_t root);
   void check_tensor(const char* op, const char* what, const at::Tensor& t) const;
   void check_counts(const char* op, const char* what, const std::vector<int64_t>& counts) const;
   void check_peer(const char* op, const char* what, int peer) const;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 
 namespace dtrain::comm {
@@ -12,18 +13,31 @@ const char* to_string(ReduceOp op);
 
 using Timeout = std::optional<std::chrono::milliseconds>;
 
+// A run of collectives issued together in a fixed pattern (a strategy's gradient buckets) whose agreement is
+// checked once: the first collective of the run carries `fingerprint` (of the whole run: every member's
+// size, dtype and op, as the caller computes it) in its agreement exchange; the others skip the exchange. A
+// rank that issues another run, or none, is named at the first collective as any disagreement is; one that
+// diverges later in the run is named by the timeout. fingerprint 0: no run, each collective checks itself.
+struct AgreementRun {
+  uint64_t fingerprint = 0;
+  bool first = true;
+};
+
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
   Timeout timeout;
+  AgreementRun run;
 };
 
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   Timeout timeout;
+  AgreementRun run;
 };
 
 struct AllGatherOptions {
   Timeout timeout;
+  AgreementRun run;
 };
 
 struct BroadcastOptions {

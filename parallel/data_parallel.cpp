@@ -83,18 +83,29 @@ struct DataParallel::Impl {
     int64_t offset = 0;  // elements into the bucket
   };
   struct Bucket {
-    at::Tensor flat;
+    at::Tensor flat;  // the gradients (ZeRO-2: only while a pass needs them)
+    int64_t numel = 0;
     std::vector<int> params;
     int pending = 0;  // params of this pass not in yet
     comm::WorkPtr work;
     Clock::time_point launched;
+    // ZeRO: the parameters live in `params_flat` (the module's parameters are plain tensors on its storage);
+    // this rank owns elements [start, start + counts[rank]) of the bucket: their reduced gradient
+    // (`shard_grad`) and their optimizer state, through `shard_param` (on params_flat's storage).
+    at::Tensor params_flat;
+    std::vector<int64_t> counts;
+    int64_t start = 0;
+    at::Tensor shard_grad, shard_param;
   };
 
   comm::BackendPtr group;
   DataParallelOptions opts;
+  int zero_stage = 0;         // 0: data parallel (all_reduce); 1, 2: ZeRO (reduce_scatter to the owners)
   std::vector<Param> params;  // registration order
   std::vector<at::Tensor> buffers;
   std::vector<Bucket> buckets;  // launch order
+  uint64_t fingerprint = 0;  // of the bucket layout: the agreement check covers a pass's buckets as one run
+  at::Tensor side;           // guarded by mu: reduce_with_gradients' values for the next synchronised pass
 
   std::mutex mu;
   bool sync = true;          // guarded by mu
@@ -103,15 +114,65 @@ struct DataParallel::Impl {
   size_t next_launch = 0;    // guarded by mu
   std::vector<char> ready;   // guarded by mu: per param, this pass
   std::vector<int> arrival;  // guarded by mu: params in the order their gradients came, this pass
+  Clock::time_point pass_start, last_gradient;  // guarded by mu: this pass's first and last gradient
+  PassTimeline timeline;                        // guarded by mu: of the last completed pass
 
   // The param's part of its bucket, shaped like the param. Not an autograd view but a plain tensor on the
   // bucket's storage, so that it can be a .grad: optimizers' zero_grad() calls detach_(), which views refuse.
-  at::Tensor slice(const Param& p) const {
-    const at::Tensor& flat = buckets[p.bucket].flat;
+  at::Tensor slice(const Param& p) {
+    Bucket& b = buckets[p.bucket];
+    if (!b.flat.defined()) b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));  // ZeRO-2
+    return alias(b.flat, p.offset, p.tensor.sizes());
+  }
+
+  static at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
     at::Tensor s = at::empty({0}, flat.options());
-    s.set_(flat.storage(), flat.storage_offset() + p.offset, p.tensor.sizes(),
-           c10::contiguous_strides(p.tensor.sizes()));
+    s.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
     return s;
+  }
+
+  // ZeRO: moves the parameters into one flat buffer per bucket and cuts this rank's shard of each.
+  void shard_buckets() {
+    const int64_t n = group->group_size(), me = group->group_rank();
+    at::NoGradGuard no_grad;
+    for (auto& b : buckets) {
+      const at::TensorOptions o = params[b.params.front()].tensor.options().requires_grad(false);
+      b.params_flat = at::zeros({b.numel}, o);
+      for (int i : b.params) {
+        Param& p = params[i];
+        at::Tensor home = alias(b.params_flat, p.offset, p.tensor.sizes());
+        home.copy_(p.tensor);
+        p.tensor.set_data(home);
+      }
+      b.counts.clear();
+      for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
+      b.start = split_rows(b.numel, n, me).start;
+      b.shard_grad = at::zeros({b.counts[me]}, o);
+      if (zero_stage == 1) b.shard_grad = at::Tensor();  // allocated for each reduction
+      b.shard_param = alias(b.params_flat, b.start, {b.counts[me]}).requires_grad_(true);
+      if (zero_stage == 2) b.flat = at::Tensor();
+    }
+  }
+
+  // ZeRO: every rank's updated shard of every bucket to every rank (one run of all_gathers).
+  void gather_params() {
+    std::lock_guard<std::mutex> lock(mu);
+    uint64_t run = fingerprint ^ 0x9e3779b97f4a7c15ull;
+    std::vector<comm::WorkPtr> works;
+    std::vector<at::Tensor> keep;
+    Clock::time_point t0 = Clock::now();
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      Bucket& b = buckets[k];
+      keep.push_back(b.shard_param.detach().clone());
+      works.push_back(group->all_gather_v(b.params_flat, keep.back(), b.counts, {{}, {run | 2, k == 0}}));
+    }
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      tensor::CommCause cause("zero");
+      works[k]->wait();
+      tensor::CommLog::instance().record(
+          tensor::CommRecord{tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(keep[k]),
+                             0, std::chrono::duration<double>(Clock::now() - t0).count()});
+    }
   }
 
   // Buckets in `order` (param indices): a new bucket when the dtype changes or the next param would overflow
@@ -141,10 +202,16 @@ struct DataParallel::Impl {
       elements.back() += p.tensor.numel();
       bytes += b;
     }
+    if (!next.empty()) elements.back() += opts.side_values;  // the last bucket carries the side values
+    std::string shape;
     for (size_t k = 0; k < next.size(); ++k) {
+      next[k].numel = elements[k];
       next[k].flat =
           at::zeros({elements[k]}, params[next[k].params.front()].tensor.options().requires_grad(false));
+      shape += str_cat(c10::toString(next[k].flat.scalar_type()), ":", elements[k], ";");
     }
+    fingerprint = fnv1a(shape) | 2;  // never 0 (no run) once shifted by the backend
+    check_same_layout(shape);
     buckets = std::move(next);
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -153,6 +220,34 @@ struct DataParallel::Impl {
       s.copy_(grads[i]);
       params[i].tensor.mutable_grad() = s;
     }
+  }
+
+  // Every rank must lay out the same buckets: a pass's buckets are checked as one run at the first (see
+  // AgreementRun), so the layout itself is compared here, once, naming the ranks whose buckets differ (their
+  // options differ: bucket_bytes, first_bucket_bytes, side_values).
+  void check_same_layout(const std::string& shape) {
+    const int n = group->group_size();
+    if (n == 1) return;
+    at::Tensor mine = at::full({1}, static_cast<int64_t>(fingerprint >> 1), at::kLong);
+    at::Tensor all = at::empty({n}, at::kLong);
+    group->all_gather(all, mine)->wait();
+    std::string differ;
+    int count = 0;
+    for (int r = 0; r < n; ++r) {
+      if (all.data_ptr<int64_t>()[r] == all.data_ptr<int64_t>()[0]) continue;
+      differ += str_cat(differ.empty() ? "" : ", ", r);
+      ++count;
+    }
+    if (count == 0) return;
+    throw ValueError(str_cat(rank_prefix(), " data_parallel: ", count == 1 ? "rank " : "ranks ", differ,
+                             count == 1 ? " lays" : " lay",
+                             " out other gradient buckets than rank 0 "
+                             "(this rank: ",
+                             shape,
+                             " as dtype:elements per bucket). Give every rank the same "
+                             "DataParallelOptions (bucket_bytes ",
+                             opts.bucket_bytes, ", first_bucket_bytes ", opts.first_bucket_bytes,
+                             ", side_values ", opts.side_values, " here)."));
   }
 
   void on_grad_ready(int i) {
@@ -169,13 +264,16 @@ struct DataParallel::Impl {
     } else if (g.data_ptr() != s.data_ptr()) {
       s.copy_(g);
     }
+    if (zero_stage > 0) params[i].tensor.mutable_grad().reset();  // its shard lives on in the bucket
     ready[i] = 1;
     arrival.push_back(i);
+    last_gradient = Clock::now();
     if (--buckets[p.bucket].pending == 0) launch_ready();
   }
 
   void start_pass() {
     in_pass = true;
+    pass_start = Clock::now();
     ready.assign(params.size(), 0);
     arrival.clear();
     next_launch = 0;
@@ -190,7 +288,23 @@ struct DataParallel::Impl {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch++];
       b.launched = Clock::now();
-      b.work = group->all_reduce(b.flat, {comm::ReduceOp::kAvg});
+      const bool first = next_launch == 1, last = next_launch == buckets.size();
+      if (last && opts.side_values > 0) {
+        at::Tensor slots = b.flat.narrow(0, b.flat.numel() - opts.side_values, opts.side_values);
+        if (side.defined()) {
+          slots.narrow(0, 0, side.numel()).copy_(side);
+        } else {
+          slots.zero_();
+        }
+      }
+      if (zero_stage > 0) {
+        if (!b.shard_grad.defined())
+          b.shard_grad = at::zeros({b.counts[group->group_rank()]}, b.flat.options());
+        b.work = group->reduce_scatter_v(b.shard_grad, b.flat, b.counts,
+                                         {comm::ReduceOp::kAvg, {}, {fingerprint, first}});
+      } else {
+        b.work = group->all_reduce(b.flat, {comm::ReduceOp::kAvg, {}, {fingerprint, first}});
+      }
     }
   }
 
@@ -226,20 +340,50 @@ struct DataParallel::Impl {
         } else if (!g.defined()) {
           s.zero_();
         }
+        if (zero_stage > 0) params[i].tensor.mutable_grad().reset();
         if (--buckets[p.bucket].pending == 0) launch_ready();
       }
     }
+    auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - pass_start).count(); };
+    timeline = PassTimeline{};
+    for (const auto& b : buckets) timeline.bucket_launch_s.push_back(since(b.launched));
+    timeline.last_gradient_s = since(last_gradient);
     for (auto& b : buckets) {
-      tensor::CommCause cause("data_parallel");
+      tensor::CommCause cause(zero_stage > 0 ? "zero" : "data_parallel");
       b.work->wait();
-      tensor::CommLog::instance().record(
-          tensor::CommRecord{tensor::CommCause::current(), tensor::StepKind::kAllReduce, 0, bytes_of(b.flat),
-                             0, std::chrono::duration<double>(Clock::now() - b.launched).count()});
+      tensor::CommLog::instance().record(tensor::CommRecord{
+          tensor::CommCause::current(),
+          zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce, 0,
+          bytes_of(b.flat), 0, std::chrono::duration<double>(Clock::now() - b.launched).count()});
     }
-    for (const Param& p : params) {
+    timeline.end_s = since(Clock::now());
+    if (zero_stage > 0) {
+      // The reduced shard is the optimizer's gradient. ZeRO-1 keeps it in its place in the full bucket (the
+      // reduce-scatter's output buffer goes), ZeRO-2 keeps only it (the full bucket goes).
+      at::NoGradGuard no_grad;
+      for (auto& b : buckets) {
+        if (zero_stage == 1) {
+          at::Tensor own = alias(b.flat, b.start, {b.shard_grad.numel()});
+          own.copy_(b.shard_grad);
+          b.shard_param.mutable_grad() = own;
+          b.shard_grad = at::Tensor();
+        } else {
+          b.shard_param.mutable_grad() = b.shard_grad;
+          b.flat = at::Tensor();
+        }
+      }
+      ++passes;
+      return;
+    }
+    for (Param& p : params) {
       at::Tensor s = slice(p);
       if (!p.tensor.grad().defined() || p.tensor.grad().data_ptr() != s.data_ptr())
         p.tensor.mutable_grad() = s;
+    }
+    if (side.defined()) {
+      const at::Tensor& last = buckets.back().flat;
+      side.copy_(last.narrow(0, last.numel() - opts.side_values, side.numel()));
+      side = at::Tensor();
     }
     if (++passes == 1 && opts.rebuild_buckets && params.size() > 1) rebuild();
     broadcast_coalesced(group, buffers);
@@ -373,7 +517,24 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 }
 
 DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts)
+    : DataParallel(module, std::move(group), opts, 0) {}
+
+DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts,
+                           int zero_stage)
     : impl_(std::make_unique<Impl>()) {
+  if (zero_stage > 0) {
+    if (opts.side_values != 0) {
+      throw NotSupportedError(
+          "zero: side_values (reduce_with_gradients) is for data parallel only: ZeRO reduces "
+          "each value to one rank. All-reduce such values yourself.");
+    }
+    opts.rebuild_buckets = false;  // the shards and the optimizer over them are laid out once
+  }
+  impl_->zero_stage = zero_stage;
+  if (opts.side_values < 0 || opts.side_values > 1024) {
+    throw ValueError(
+        str_cat("data_parallel: side_values ", opts.side_values, " must be between 0 and 1024."));
+  }
   if (opts.bucket_bytes < 1 || opts.first_bucket_bytes < 1) {
     throw ValueError(str_cat("data_parallel: bucket sizes must be positive (bucket_bytes ", opts.bucket_bytes,
                              ", first_bucket_bytes ", opts.first_bucket_bytes, "). Use e.g. 25M and 1M."));
@@ -402,10 +563,23 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
   std::vector<int> order;  // gradients come roughly in reverse registration order
   for (int i = static_cast<int>(s.params.size()) - 1; i >= 0; --i) order.push_back(i);
   s.layout(order);
+  if (zero_stage > 0) s.shard_buckets();
   for (size_t i = 0; i < s.params.size(); ++i) {
     torch::autograd::impl::set_post_acc_grad_hooks(s.params[i].tensor,
                                                    std::make_unique<GradReadyHook>(&s, static_cast<int>(i)));
   }
+}
+
+void DataParallel::reduce_with_gradients(at::Tensor values) {
+  if (values.dim() != 1 || values.numel() > impl_->opts.side_values || !values.is_contiguous()) {
+    throw ValueError(str_cat(rank_prefix(),
+                             " data_parallel: reduce_with_gradients takes a contiguous 1-d tensor of "
+                             "at most DataParallelOptions::side_values (",
+                             impl_->opts.side_values, ") elements; got ", values.sizes(),
+                             ". Raise side_values when building it."));
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->side = values;
 }
 
 DataParallel::~DataParallel() {
@@ -439,14 +613,39 @@ ModelStateMemory DataParallel::memory(const torch::optim::Optimizer* optimizer) 
     m.parameters += bytes_of(p.tensor);
     at::Tensor g = p.tensor.grad();
     // Gradients live in the buckets; one that does not (accumulating before the first reduction) is extra.
-    if (g.defined() && g.data_ptr() != impl_->slice(p).data_ptr()) m.buckets += bytes_of(g);
+    const auto& b = impl_->buckets[p.bucket];
+    if (g.defined() && (!b.flat.defined() || g.data_ptr() != impl_->slice(p).data_ptr()))
+      m.buckets += bytes_of(g);
   }
-  for (const auto& b : impl_->buckets) m.gradients += bytes_of(b.flat);
+  for (const auto& b : impl_->buckets) {
+    if (impl_->zero_stage == 0) {
+      m.gradients += bytes_of(b.flat);
+    } else if (impl_->zero_stage == 1) {  // the full gradient buckets, this rank's shard reduced in them
+      m.gradients += bytes_of(b.flat);
+      m.buckets += bytes_of(b.shard_grad);  // the reduce-scatter's output, during a backward
+    } else {  // ZeRO-2: this rank's reduced shard; a full bucket is a buffer while a backward needs it
+      m.gradients += bytes_of(b.shard_grad);
+      m.buckets += bytes_of(b.flat);
+    }
+  }
   for (const auto& b : impl_->buffers) m.buffers += bytes_of(b);
   if (optimizer) m.optimizer_state = optimizer_state_bytes(*optimizer);
   return m;
 }
 
 const comm::BackendPtr& DataParallel::group() const { return impl_->group; }
+
+PassTimeline DataParallel::last_pass() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->timeline;
+}
+
+std::vector<at::Tensor> DataParallel::shard_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& b : impl_->buckets) out.push_back(b.shard_param);
+  return out;
+}
+
+void DataParallel::gather_parameters() { impl_->gather_params(); }
 
 }  // namespace dtrain::parallel

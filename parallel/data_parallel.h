@@ -34,6 +34,9 @@ struct DataParallelOptions {
   // After the first backward, buckets are laid out again in the order the gradients arrived (group rank 0's
   // order, so that every rank agrees), as DDP does.
   bool rebuild_buckets = true;
+  // Slots at the end of the last bucket for reduce_with_gradients (0: none; the buckets then hold exactly
+  // the gradients).
+  int64_t side_values = 0;
 };
 
 // `base` with Horovod's variables applied: HOROVOD_FUSION_THRESHOLD (bytes) sets bucket_bytes.
@@ -63,6 +66,15 @@ struct ModelStateMemory {
 // Bytes of the tensors an optimizer holds as state (Adam's moments, ...), each counted once.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
+// When a synchronised backward's gradients and buckets happened, in seconds since its first gradient arrived:
+// each bucket's launch (in launch order), the last gradient's arrival, and the end (every bucket reduced).
+// A bucket launched before the last gradient overlapped the rest of backward.
+struct PassTimeline {
+  std::vector<double> bucket_launch_s;
+  double last_gradient_s = 0;
+  double end_s = 0;
+};
+
 // Thread-safety: construct, step and destroy from one thread; the hooks run on the thread that calls
 // backward (CPU autograd).
 class DataParallel {
@@ -81,6 +93,14 @@ class DataParallel {
   void set_requires_gradient_sync(bool sync);
   bool requires_gradient_sync() const;
 
+  // Averages `values` (1-d, contiguous, at most side_values elements) over the group with the gradients of
+  // the next synchronised backward, in its last bucket: no collective of its own (a step's loss for the log).
+  // `values` holds the average when that backward returns. Every rank must call it for the same backward.
+  void reduce_with_gradients(at::Tensor values);
+
+  // The timeline of the last synchronised backward (empty before the first).
+  PassTimeline last_pass() const;
+
   // Parameter names per bucket, in the order the buckets are all-reduced.
   std::vector<std::vector<std::string>> buckets() const;
   ModelStateMemory memory(const torch::optim::Optimizer* optimizer = nullptr) const;
@@ -89,6 +109,14 @@ class DataParallel {
   struct Impl;
 
  private:
+  friend class Zero;
+  // zero_stage 1 or 2: gradients reduce-scattered to their owners (parallel/zero.h).
+  DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts, int zero_stage);
+  // ZeRO: this rank's shard of each bucket's parameters (leaf tensors on the parameters' storage).
+  std::vector<at::Tensor> shard_parameters() const;
+  // ZeRO: all-gathers every rank's shards into the parameters.
+  void gather_parameters();
+
   std::unique_ptr<Impl> impl_;
 };
 

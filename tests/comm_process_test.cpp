@@ -178,21 +178,32 @@ INSTANTIATE_TEST_SUITE_P(Backends, GPTEndToEnd,
                                            std::make_tuple("gloo", 4), std::make_tuple("mpi", 4)),
                          backend_ranks_name);
 
-// parallel::DataParallel (Horovod-style buckets) on models::GPT: 20 AdamW steps equal to one process, uneven
-// rows, accumulation, communication of a step, errors (tests/worker_parallel.cpp).
-class DataParallelParity : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+// The strategies on models::GPT (tests/worker_parallel.cpp): suite "dp", parallel::DataParallel
+// (Horovod-style buckets; its errors too), and "zero", parallel::Zero stages 1 and 2: 20 AdamW steps equal to
+// one process, uneven rows, accumulation, the communication of a step, the memory report.
+class StrategyParity : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
 
-TEST_P(DataParallelParity, TwentyStepsMatchOneProcess) {
-  auto [backend, n] = GetParam();
-  Job job = run_worker(backend, n, "dp", "60");
+TEST_P(StrategyParity, TwentyStepsMatchOneProcess) {
+  auto [suite, backend, n] = GetParam();
+  Job job = run_worker(backend, n, suite, "60");
   expect_all_ok(job, n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DataParallelParity,
-                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
-                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
-                                           std::make_tuple("mpi", 3)),
-                         backend_ranks_name);
+// Each suite on gloo at 1 to 4 ranks and on mpi at 3.
+std::vector<std::tuple<std::string, std::string, int>> strategy_cases() {
+  std::vector<std::tuple<std::string, std::string, int>> out;
+  for (const char* suite : {"dp", "zero"}) {
+    for (int n = 1; n <= 4; ++n) out.emplace_back(suite, "gloo", n);
+    out.emplace_back(suite, "mpi", 3);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, StrategyParity, ::testing::ValuesIn(strategy_cases()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" +
+                                  std::to_string(std::get<2>(info.param)) + "ranks";
+                         });
 
 class Groups : public ::testing::TestWithParam<std::string> {};
 

@@ -316,6 +316,8 @@ int main(int argc, char** argv) {
       suite_gpt(world);
     } else if (suite == "dp") {
       suite_data_parallel(world);
+    } else if (suite == "zero") {
+      suite_zero(world);
     } else if (suite == "ops") {
       suite_ops(world);
     } else if (suite == "hardening") {

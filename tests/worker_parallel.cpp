@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "models/gpt.h"
 #include "parallel/data_parallel.h"
+#include "parallel/zero.h"
 #include "tensor/comm_log.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
@@ -60,9 +61,11 @@ int64_t param_bytes(torch::nn::Module& m) {
   return b;
 }
 
-// 20 AdamW steps at `accumulation` micro-batches per step, buckets of `bucket_bytes`, float64.
-void check_parity(const comm::BackendPtr& world, int64_t accumulation, int64_t bucket_bytes) {
-  const std::string tag = str_cat("dp accumulation ", accumulation, " buckets ", bucket_bytes, ": ");
+// 20 AdamW steps at `accumulation` micro-batches per step, buckets of `bucket_bytes`, float64; stage 0 is
+// data parallel, 1 and 2 ZeRO.
+void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation, int64_t bucket_bytes) {
+  const std::string tag = str_cat(stage == 0 ? "dp" : str_cat("zero", stage), " accumulation ", accumulation,
+                                  " buckets ", bucket_bytes, ": ");
   const models::GPTConfig cfg = small_gpt();
   const int64_t B = 18, T = cfg.block_size, steps = 20, n = world->group_size(), me = world->group_rank();
   // In float64: float32's rounding differs between one batch and its split into ranks' rows, and AdamW turns
@@ -71,24 +74,35 @@ void check_parity(const comm::BackendPtr& world, int64_t accumulation, int64_t b
   models::GPT ref(cfg), gpt(cfg);
   ref->to(at::kDouble);
   gpt->to(at::kDouble);
-  auto adamw = [](torch::nn::Module& m) {
-    return torch::optim::AdamW(m.parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+  auto adamw = [](std::vector<at::Tensor> params) {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
   };
-  torch::optim::AdamW ref_opt = adamw(*ref);
+  auto ref_opt = adamw(ref->parameters());
   parallel::DataParallelOptions o;
   o.bucket_bytes = bucket_bytes;
   o.first_bucket_bytes = bucket_bytes / 4;
-  parallel::DataParallel dp(*gpt, world, o);
-  torch::optim::AdamW opt = adamw(*gpt);
+  std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<parallel::Zero> zero;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (stage == 0) {
+    dp = std::make_unique<parallel::DataParallel>(*gpt, world, o);
+    opt = adamw(gpt->parameters());
+  } else {
+    zero = std::make_unique<parallel::Zero>(*gpt, world, stage, adamw, o);
+  }
+  // The bucket count (data parallel lays its buckets out again after the first backward).
+  auto bucket_count = [&] {
+    return static_cast<int64_t>(dp ? dp->buckets().size() : zero->buckets().size());
+  };
   const int64_t psi_bytes = param_bytes(*gpt);
   for (int64_t step = 1; step <= steps; ++step) {
     at::Tensor w = windows(B, cfg, step);
-    ref_opt.zero_grad();
+    ref_opt->zero_grad();
     at::Tensor ref_loss = ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
     ref_loss.backward();
-    ref_opt.step();
+    ref_opt->step();
 
-    opt.zero_grad();
+    dp ? opt->zero_grad() : zero->zero_grad();
     double share = 0;
     for (int64_t k = 0; k < accumulation; ++k) {
       tensor::CommLog::instance().clear();
@@ -96,7 +110,7 @@ void check_parity(const comm::BackendPtr& world, int64_t accumulation, int64_t b
       parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
       at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
       const bool last = k == accumulation - 1;
-      dp.set_requires_gradient_sync(last);
+      dp ? dp->set_requires_gradient_sync(last) : zero->set_requires_gradient_sync(last);
       at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
       const double weight = static_cast<double>(mine.count) / static_cast<double>(B);
       (loss * (weight * static_cast<double>(n))).backward();
@@ -106,17 +120,40 @@ void check_parity(const comm::BackendPtr& world, int64_t accumulation, int64_t b
         check_true(str_cat(tag, "step ", step, " micro-step ", k, ": no communication before the last (got ",
                            c.collectives, ")"),
                    c.collectives == 0);
-      } else if (step >= 2) {  // the first step also agrees on the rebuilt bucket order
-        const int64_t nb = static_cast<int64_t>(dp.buckets().size());
-        check_true(str_cat(tag, "step ", step, ": only the ", nb, " bucket all_reduces (got ", c.collectives,
-                           " collectives, ", c.by_kind["all_reduce"], " all_reduce)"),
-                   c.collectives == nb && c.by_kind["all_reduce"] == nb && c.by_cause["data_parallel"] == nb);
+      } else if (step >= 2 || stage > 0) {  // data parallel's first step also agrees on the rebuilt order
+        const char* kind = stage == 0 ? "all_reduce" : "reduce_scatter";
+        const char* cause = stage == 0 ? "data_parallel" : "zero";
+        const int64_t nb = bucket_count();
+        check_true(str_cat(tag, "step ", step, ": backward issues only the ", nb, " bucket ", kind, "s (got ",
+                           c.collectives, " collectives, ", c.by_kind[kind], " ", kind, ")"),
+                   c.collectives == nb && c.by_kind[kind] == nb && c.by_cause[cause] == nb);
         check_true(str_cat(tag, "step ", step, ": the buckets hold 4 bytes per parameter (", c.bytes, " vs ",
                            psi_bytes, ")"),
                    c.bytes == psi_bytes);
       }
     }
-    opt.step();
+    if (step >= 2 && bucket_count() > 1) {  // the first bucket went out while backward still ran
+      parallel::PassTimeline t = dp ? dp->last_pass() : zero->last_pass();
+      check_true(str_cat(tag, "step ", step, ": the first bucket launched (", t.bucket_launch_s.front(),
+                         " s) before the last gradient came (", t.last_gradient_s, " s)"),
+                 !t.bucket_launch_s.empty() && t.bucket_launch_s.front() < t.last_gradient_s);
+    }
+    tensor::CommLog::instance().clear();
+    if (dp) {
+      opt->step();
+    } else {
+      zero->step();
+    }
+    if (zero) {  // every rank's shards all-gathered: this rank contributes its shard, about 1/n of the bytes
+      tensor::CommTotals c = tensor::CommLog::instance().totals();
+      const int64_t nb = bucket_count();
+      check_true(str_cat(tag, "step ", step, ": the step all-gathers each bucket once (", c.collectives, ", ",
+                         c.by_kind["all_gather"], " all_gather)"),
+                 c.collectives == nb && c.by_kind["all_gather"] == nb);
+      check_true(str_cat(tag, "step ", step, ": this rank sends its shards (", c.bytes, " bytes of ",
+                         psi_bytes, ")"),
+                 c.bytes * n >= psi_bytes - 8 * n * nb && c.bytes * n <= psi_bytes + 8 * n * nb);
+    }
     at::Tensor l = at::full({1}, share, at::kDouble);
     world->all_reduce(l)->wait();
     check_relative(str_cat(tag, "step ", step, " loss"), l, ref_loss.detach().to(at::kDouble).view({1}),
@@ -126,15 +163,23 @@ void check_parity(const comm::BackendPtr& world, int64_t accumulation, int64_t b
   for (const auto& item : theirs) {
     check_relative(str_cat(tag, "final ", item.key()), mine[item.key()], item.value(), 1e-5);
   }
-  // Model state per rank: parameters Ψ, gradients Ψ (in the buckets), AdamW's two moments 2Ψ (here in bytes
-  // of float64; 16 bytes per parameter in float32).
-  parallel::ModelStateMemory m = dp.memory(&opt);
-  check_true(str_cat(tag, "memory: ", m.to_string()), m.parameters == psi_bytes && m.gradients == psi_bytes &&
-                                                          m.optimizer_state == 2 * psi_bytes &&
-                                                          m.buckets == 0 && m.buffers == 0);
-  if (bucket_bytes < psi_bytes) {
-    check_true(str_cat(tag, "several buckets (", dp.buckets().size(), ")"), dp.buckets().size() > 1);
+  // Model state per rank (bytes of float64 here: 8 per element): data parallel Ψ parameters, Ψ gradients (in
+  // the buckets), 2Ψ AdamW moments; ZeRO-1 the moments of this rank's shard only (Ψ + Ψ + 2Ψ/N); ZeRO-2 its
+  // gradient too (Ψ + 3Ψ/N).
+  parallel::ModelStateMemory m = dp ? dp->memory(opt.get()) : zero->memory();
+  const int64_t nb = bucket_count();
+  if (stage == 0) {
+    check_true(str_cat(tag, "memory: ", m.to_string()),
+               m.parameters == psi_bytes && m.gradients == psi_bytes && m.optimizer_state == 2 * psi_bytes &&
+                   m.buckets == 0 && m.buffers == 0);
+  } else {
+    const int64_t slack = 8 * nb;  // shards of uneven buckets differ by up to one element per bucket
+    const int64_t shard = m.optimizer_state / 2;  // this rank's shard (the moments are two of it)
+    check_true(str_cat(tag, "memory: ", m.to_string()),
+               m.parameters == psi_bytes && std::abs(shard * n - psi_bytes) <= slack * n &&
+                   m.gradients == (stage == 1 ? psi_bytes : shard) && m.buckets == 0);
   }
+  if (bucket_bytes < psi_bytes) check_true(str_cat(tag, "several buckets (", nb, ")"), nb > 1);
 }
 
 // A GPT with one more Linear that forward never uses.
@@ -209,14 +254,106 @@ void check_broadcast(const comm::BackendPtr& world) {
   }
 }
 
+// Values averaged with the gradients (side_values): no collective of their own.
+void check_side_values(const comm::BackendPtr& world) {
+  const int n = world->group_size(), me = world->group_rank();
+  const models::GPTConfig cfg = small_gpt();
+  const int64_t T = cfg.block_size;
+  models::GPT gpt(cfg);
+  parallel::DataParallelOptions o;
+  o.side_values = 2;
+  o.bucket_bytes = 16 << 10;
+  parallel::DataParallel dp(*gpt, world, o);
+  at::Tensor w = windows(n, cfg, 3).narrow(0, me, 1);
+  for (int pass = 0; pass < 2; ++pass) {  // before and after the rebuild
+    at::Tensor v = at::tensor({static_cast<double>(me), 2.0 * me + 1 + pass}, at::kDouble);
+    dp.reduce_with_gradients(v);
+    tensor::CommLog::instance().clear();
+    gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
+    const double mean = (n - 1) / 2.0;
+    check_close(str_cat("side values pass ", pass), v, at::tensor({mean, 2.0 * mean + 1 + pass}, at::kDouble),
+                1e-6);
+    if (pass == 1) {
+      check_true(
+          "side values: only the bucket all_reduces",
+          tensor::CommLog::instance().totals().collectives == static_cast<int64_t>(dp.buckets().size()));
+    }
+  }
+  bool refused = false;
+  try {
+    dp.reduce_with_gradients(at::zeros({3}));
+  } catch (const ValueError&) {
+    refused = true;
+  }
+  check_true("more side values than side_values is refused", refused);
+}
+
+// The last rank asks for other buckets: every rank's error names it before any backward.
+void check_layout_mismatch(const comm::BackendPtr& world) {
+  const int n = world->group_size(), me = world->group_rank();
+  models::GPT gpt(small_gpt());
+  parallel::DataParallelOptions o;
+  o.bucket_bytes = me == n - 1 ? 8 << 10 : 16 << 10;
+  o.first_bucket_bytes = o.bucket_bytes;
+  std::string error;
+  try {
+    parallel::DataParallel dp(*gpt, world, o);
+  } catch (const ValueError& e) {
+    error = e.what();
+  }
+  check_true(str_cat("other bucket options on rank ", n - 1, " are named on every rank, got: ", error),
+             error.find(str_cat("rank ", n - 1, " lays out other gradient buckets than rank 0")) !=
+                 std::string::npos);
+}
+
+// Ranks that diverge at a pass's first bucket (the last rank all-reduces something else instead of backward):
+// every rank gets the agreement error naming it, and the rest of the pass's buckets (unchecked members of
+// the run) never reach the engine. The group is unusable afterwards: this runs last.
+void check_diverging_pass(const comm::BackendPtr& world) {
+  const int n = world->group_size(), me = world->group_rank();
+  const models::GPTConfig cfg = small_gpt();
+  const int64_t T = cfg.block_size;
+  models::GPT gpt(cfg);
+  parallel::DataParallelOptions o;
+  o.bucket_bytes = 16 << 10;
+  o.first_bucket_bytes = 4 << 10;
+  parallel::DataParallel dp(*gpt, world, o);
+  at::Tensor w = windows(n, cfg, 5).narrow(0, me, 1);
+  std::string error;
+  try {
+    if (me == n - 1) {
+      at::Tensor x = at::ones({3});
+      world->all_reduce(x)->wait();
+    } else {
+      gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  check_true(str_cat("a rank that leaves the pass is named on every rank, got: ", error),
+             error.find(str_cat("rank ", n - 1, " passed")) != std::string::npos);
+}
+
 }  // namespace
+
+void suite_zero(const comm::BackendPtr& world) {
+  for (int stage : {1, 2}) {
+    check_parity(world, stage, 1, int64_t{25} << 20);
+    check_parity(world, stage, 4, 16 << 10);
+  }
+}
 
 void suite_data_parallel(const comm::BackendPtr& world) {
   check_broadcast(world);
-  check_parity(world, 1, int64_t{25} << 20);  // one bucket
-  check_parity(world, 4, 16 << 10);           // several, and accumulation
-  if (world->group_size() > 1) check_mismatch(world);
+  check_parity(world, 0, 1, int64_t{25} << 20);  // one bucket
+  check_parity(world, 0, 4, 16 << 10);           // several, and accumulation
+  check_side_values(world);
   check_unused(world);
+  if (world->group_size() > 1) {
+    check_mismatch(world);
+    check_layout_mismatch(world);
+    check_diverging_pass(world);  // last: the group is unusable afterwards
+  }
 }
 
 }  // namespace dtrain::test

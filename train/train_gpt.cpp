@@ -15,6 +15,7 @@
 #include "mesh/device_mesh.h"
 #include "parallel/data_parallel.h"
 #include "parallel/strategy.h"
+#include "parallel/zero.h"
 #include "tensor/comm_log.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
@@ -104,18 +105,33 @@ void print_end(const TrainOptions& o, const StepLog& log, double val, const std:
 // Horovod-style data parallel: every rank holds the whole model on plain tensors and takes its rows of each
 // micro-batch; parallel::DataParallel all-reduces the gradient buckets during the last micro-step's backward.
 void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, models::GPT& gpt,
-                         const TextCorpus& corpus, const models::GPTConfig& cfg) {
+                         const TextCorpus& corpus, const models::GPTConfig& cfg, int zero_stage) {
   const int64_t n = world->group_size(), me = world->group_rank();
   parallel::DataParallelOptions dpo = parallel::with_horovod_env({});
   if (o.bucket_bytes > 0) dpo.bucket_bytes = o.bucket_bytes;
-  parallel::DataParallel dp(*gpt, world, dpo);
-  torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+  const auto adamw = torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay);
+  // dp: DataParallel and AdamW over the whole model; zero1/zero2: Zero and AdamW over this rank's shards.
+  std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<parallel::Zero> zero;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (zero_stage == 0) {
+    dpo.side_values = 1;  // the step's loss travels with the last gradient bucket
+    dp = std::make_unique<parallel::DataParallel>(*gpt, world, dpo);
+    opt = std::make_unique<torch::optim::AdamW>(gpt->parameters(), adamw);
+  } else {
+    zero = std::make_unique<parallel::Zero>(
+        *gpt, world, zero_stage,
+        [&](std::vector<at::Tensor> shards) { return std::make_unique<torch::optim::AdamW>(shards, adamw); },
+        dpo);
+  }
   const bool lead = me == 0;
   if (lead) {
     std::printf(
-        "dtrain train: %ld ranks, strategy dp (Horovod-style data parallel): %zu gradient buckets of up "
-        "to %.1f MiB, accumulation %ld\n",
-        static_cast<long>(n), dp.buckets().size(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
+        "dtrain train: %ld ranks, strategy %s: %zu gradient buckets of up to %.1f MiB, accumulation %ld\n",
+        static_cast<long>(n),
+        zero_stage == 0 ? "dp (Horovod-style data parallel)"
+                        : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
+        dp ? dp->buckets().size() : zero->buckets().size(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
         static_cast<long>(o.accumulation));
   }
   StepLog log(o, lead, o.batch * cfg.block_size);
@@ -124,25 +140,34 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
   for (int64_t step = 1; step <= o.steps; ++step) {
     at::Tensor w = sample_windows(corpus.train, o.batch, T, o.seed, step);
     tensor::CommLog::instance().clear();  // the log then holds one step
-    opt.zero_grad();
+    dp ? opt->zero_grad() : zero->zero_grad();
     double share = 0;  // this rank's part of the global mean loss
+    at::Tensor global_loss;
     for (int64_t k = 0; k < o.accumulation; ++k) {
       parallel::RowRange micro = parallel::split_rows(o.batch, o.accumulation, k);
       parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
       at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
-      dp.set_requires_gradient_sync(k == o.accumulation - 1);
+      const bool last = k == o.accumulation - 1;
+      dp ? dp->set_requires_gradient_sync(last) : zero->set_requires_gradient_sync(last);
       at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
-      // The global loss is the mean over all rows; DataParallel averages over the n ranks.
+      // The global loss is the mean over all rows; the strategies average over the n ranks.
       const double weight = static_cast<double>(mine.count) / static_cast<double>(o.batch);
-      (loss * (weight * static_cast<double>(n))).backward();
       share += loss.item<double>() * weight;
+      global_loss = at::full({1}, share, at::kDouble);
+      if (last && dp) dp->reduce_with_gradients(global_loss);  // rides with the gradients
+      (loss * (weight * static_cast<double>(n))).backward();
     }
-    opt.step();
+    if (dp) {
+      opt->step();
+    } else {
+      zero->step();
+    }
     if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
     if (log.wants(step)) {
-      at::Tensor l = at::full({1}, share, at::kDouble);
-      world->all_reduce(l)->wait();
-      log.step(step, l.item<double>());
+      if (zero) {
+        world->all_reduce(global_loss, {comm::ReduceOp::kAvg})->wait();
+      }
+      log.step(step, global_loss.item<double>() * static_cast<double>(n));
     }
   }
   double val = 0;
@@ -157,11 +182,16 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
     print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm);
     int64_t psi = 0;
     for (const auto& p : gpt->parameters()) psi += p.numel();
+    const double mib = static_cast<double>(psi) / (1 << 20);
     std::printf("peak resident memory of rank 0: %.1f MiB\n", peak_rss_mib());
-    std::printf(
-        "model state per rank: %s (data parallel with fp32 AdamW: 16 bytes x %ld parameters = %.2f MiB)\n",
-        dp.memory(&opt).to_string().c_str(), static_cast<long>(psi),
-        16.0 * static_cast<double>(psi) / (1 << 20));
+    std::printf("model state per rank: %s (fp32 AdamW over %ld parameters: %s = %.2f MiB)\n",
+                (dp ? dp->memory(opt.get()) : zero->memory()).to_string().c_str(), static_cast<long>(psi),
+                zero_stage == 0   ? "16 bytes each"
+                : zero_stage == 1 ? "8 + 8/N bytes each"
+                                  : "4 + 12/N bytes each",
+                zero_stage == 0   ? 16 * mib
+                : zero_stage == 1 ? (8 + 8.0 / static_cast<double>(n)) * mib
+                                  : (4 + 12.0 / static_cast<double>(n)) * mib);
   }
   world->barrier()->wait();
 }
@@ -238,9 +268,16 @@ int train_gpt(const TrainOptions& o) {
                              o.batch, "): the global batch is split into that many micro-batches."));
   }
   const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
-  if (strategy != parallel::Strategy::kDataParallel) {
+  if (strategy == parallel::Strategy::kZero3 || strategy == parallel::Strategy::kHybridShard) {
     throw NotSupportedError(str_cat("train: --strategy ", o.strategy, " (", parallel::to_string(strategy),
-                                    ") is not implemented yet; dp is. Use --strategy dp."));
+                                    ") is not implemented yet; dp, zero1 and zero2 are. Use one of those."));
+  }
+  const int zero_stage = strategy == parallel::Strategy::kZero1   ? 1
+                         : strategy == parallel::Strategy::kZero2 ? 2
+                                                                  : 0;
+  if (zero_stage > 0 && o.tp > 1) {
+    throw NotSupportedError(str_cat("train: --strategy ", o.strategy, " with --tp ", o.tp,
+                                    " is not implemented yet. Use --strategy dp with --tp, or --tp 1."));
   }
   auto world = dtrain::init();
   const int64_t ws = world->group_size();
@@ -275,7 +312,7 @@ int train_gpt(const TrainOptions& o) {
                 static_cast<long>(cfg.block_size), static_cast<long>(o.steps));
   }
   if (o.tp == 1) {
-    train_data_parallel(o, world, gpt, corpus, cfg);
+    train_data_parallel(o, world, gpt, corpus, cfg, zero_stage);
   } else {
     train_dtensor(o, world, gpt, corpus, cfg);
   }

@@ -19,8 +19,8 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
   c->add_option("--tp", o.tp, "Tensor-parallel ranks (Megatron layout); the others are data parallel")
       ->capture_default_str();
   c->add_option("--strategy", o.strategy,
-                "dp (Horovod-style data parallel; also ddp, horovod); zero1, zero2, zero3, hsdp are not "
-                "implemented yet")
+                "dp (Horovod-style data parallel; also ddp, horovod), zero1, zero2 (DeepSpeed ZeRO stages); "
+                "zero3 and hsdp are not implemented yet")
       ->capture_default_str();
   c->add_option_function<std::string>(
       "--bucket-bytes", [&o](const std::string& v) { o.bucket_bytes = parse_bytes("--bucket-bytes", v); },

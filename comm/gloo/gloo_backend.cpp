@@ -106,8 +106,11 @@ class GlooWork : public Work {
 struct GlooBackend::Sequencer {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t issued = 0;   // guarded by mu: signed collectives issued so far
+  uint64_t issued = 0;   // guarded by mu: collectives issued so far
   uint64_t started = 0;  // guarded by mu
+  // guarded by mu: the first failed agreement; later collectives fail with it instead of reaching Gloo (the
+  // unsigned rest of a run would meet mismatched sizes there)
+  std::exception_ptr disagreed;
 
   void settle(uint64_t n) {
     {
@@ -264,19 +267,37 @@ GlooBackend::~GlooBackend() = default;
 // callback runs on the group's own worker thread, which the group joins before it is freed, and a strong
 // reference released there would destroy the group on its own thread (join of itself: std::terminate).
 WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
-  if (info.signature[0] == 0) return std::make_shared<GlooWork>(std::move(info), start());
   auto issued = std::make_shared<Issued>();
   std::shared_ptr<Sequencer> seq = sequencer_;
+  const bool signed_op = info.signature[0] != 0;
   uint64_t n;
   bool now;
   {
     std::lock_guard<std::mutex> lock(seq->mu);
+    if (seq->disagreed) std::rethrow_exception(seq->disagreed);
     n = ++seq->issued;
     now = seq->started == n - 1 && issuer_pending_ == 0;
-    if (!now) ++issuer_pending_;
+    if (!signed_op && now) {
+      seq->started = n;  // queued below, before any later collective can be
+    } else if (!now) {
+      ++issuer_pending_;
+    }
   }
-  auto begin = [pg = pg_.get(), info, start = std::move(start), issued, seq, n, ranks = global_ranks()] {
+  // An unsigned collective (the rest of an AgreementRun) goes to c10d at once when nothing is pending, else
+  // in order behind the collectives before it.
+  if (!signed_op && now) return std::make_shared<GlooWork>(std::move(info), start());
+  auto begin = [pg = pg_.get(), info, start = std::move(start), issued, seq, n, signed_op,
+                ranks = global_ranks()] {
     try {
+      {
+        std::lock_guard<std::mutex> lock(seq->mu);
+        if (seq->disagreed) std::rethrow_exception(seq->disagreed);
+      }
+      if (!signed_op) {
+        settle(*issued, nullptr, start());
+        seq->settle(n);
+        return;
+      }
       const int size = static_cast<int>(ranks.size());
       at::Tensor mine = at::empty({kSignatureFields}, at::kLong);
       std::copy(info.signature.begin(), info.signature.end(), mine.data_ptr<int64_t>());
@@ -289,7 +310,13 @@ WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::W
         c10::intrusive_ptr<c10d::Work> work;
         try {
           if (f.hasError()) std::rethrow_exception(f.exception_ptr());
-          check_signatures(info, all.data_ptr<int64_t>(), ranks);
+          try {
+            check_signatures(info, all.data_ptr<int64_t>(), ranks);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(seq->mu);
+            if (!seq->disagreed) seq->disagreed = std::current_exception();
+            throw;
+          }
           work = start();
         } catch (...) {
           error = std::current_exception();

@@ -286,6 +286,9 @@ MpiBackend::~MpiBackend() {
 }
 
 WorkPtr MpiBackend::submit(std::function<void()> call, OpInfo info) {
+  // Once an agreement failed, the collectives queued behind it (an unsigned rest of a run among them) must
+  // not reach MPI: they fail with that error instead.
+  auto disagreed = disagreed_;
   if (info.signature[0] != 0) {
     // Agreement first, on the same thread and in the same task: the data call runs only if every rank passed
     // the same signature.
@@ -293,12 +296,23 @@ WorkPtr MpiBackend::submit(std::function<void()> call, OpInfo info) {
     MPI_Comm comm = comm_;
     int n = group_size();
     std::vector<int> ranks = global_ranks();
-    call = [call = std::move(call), sig, comm, n, ranks] {
+    call = [call = std::move(call), sig, comm, n, ranks, disagreed] {
+      if (*disagreed) std::rethrow_exception(*disagreed);
       std::vector<int64_t> all(static_cast<size_t>(n) * kSignatureFields);
       check_mpi(MPI_Allgather(sig->signature.data(), kSignatureFields, MPI_INT64_T, all.data(),
                               kSignatureFields, MPI_INT64_T, comm),
                 "MPI_Allgather (agreement)");
-      check_signatures(*sig, all.data(), ranks);
+      try {
+        check_signatures(*sig, all.data(), ranks);
+      } catch (...) {
+        *disagreed = std::current_exception();
+        throw;
+      }
+      call();
+    };
+  } else {
+    call = [call = std::move(call), disagreed] {
+      if (*disagreed) std::rethrow_exception(*disagreed);
       call();
     };
   }

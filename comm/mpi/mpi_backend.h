@@ -10,7 +10,9 @@
 
 #include <mpi.h>
 
+#include <exception>
 #include <functional>
+#include <memory>
 
 #include "comm/backend.h"
 
@@ -65,6 +67,8 @@ class MpiBackend : public Backend {
   // A duplicate of comm_ for send/recv, so that point-to-point traffic never queues behind a blocking
   // collective (a rank may send what a peer needs before it enters that collective).
   MPI_Comm p2p_comm_;
+  // The first failed agreement of this group (set and read on thread_ only): later collectives rethrow it.
+  std::shared_ptr<std::exception_ptr> disagreed_ = std::make_shared<std::exception_ptr>();
 };
 
 }  // namespace dtrain::comm

@@ -1,0 +1,57 @@
+// DeepSpeed ZeRO stages 1 and 2 for any torch::nn::Module, on data parallel's buckets (data_parallel.h): each
+// bucket's gradients are reduce-scattered during backward, so that each rank gets the average of its shard
+// only; the user's torch::optim optimizer, built by a factory over this rank's shards, keeps state for them
+// alone (stage 1: optimizer state sharded); stage 2 also lets each full gradient bucket go once reduced
+// (gradients sharded). After the step, every rank's updated shards are all-gathered into the parameters.
+//
+//   parallel::Zero zero(*model, world, 2, [](std::vector<at::Tensor> shards) {
+//     return std::make_unique<torch::optim::AdamW>(shards, torch::optim::AdamWOptions(1e-3));
+//   });
+//   zero.zero_grad(); loss.backward(); zero.step();
+//
+// Exact for optimizers that treat every element alone (SGD, Adam, AdamW, RMSprop, Adagrad): a shard is a
+// flat range of a bucket, cutting through parameters.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "parallel/data_parallel.h"
+
+namespace dtrain::parallel {
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> shards)>;
+
+class Zero {
+ public:
+  // Collective over `group`, as DataParallel's constructor (module check, rank 0's weights broadcast), then
+  // the parameters move into one flat buffer per bucket (each parameter stays the same at::Tensor) and
+  // `make` builds the optimizer over this rank's shard of each bucket. stage: 1 or 2 (ValueError otherwise).
+  Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
+       DataParallelOptions opts = {});
+
+  int stage() const { return stage_; }
+  // The optimizer over this rank's shards (for its learning rate, or a scheduler).
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  // Drops the shards' gradients (the parameters hold none between steps under ZeRO).
+  void zero_grad();
+  // The optimizer's step on this rank's shards, then every rank's shards all-gathered into the parameters.
+  void step();
+  // Gradient accumulation, as DataParallel::set_requires_gradient_sync.
+  void set_requires_gradient_sync(bool sync) { dp_.set_requires_gradient_sync(sync); }
+  // Parameters, gradients (stage 1: the full gradient buckets, this rank's shard reduced in them; stage 2:
+  // this rank's reduced shards), optimizer state (this rank's shards), buffers, and communication buffers
+  // held at the moment (stage 2's full buckets while a backward needs them).
+  ModelStateMemory memory() const { return dp_.memory(optimizer_.get()); }
+  std::vector<std::vector<std::string>> buckets() const { return dp_.buckets(); }
+  PassTimeline last_pass() const { return dp_.last_pass(); }
+
+ private:
+  int stage_;
+  DataParallel dp_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace dtrain::parallel
