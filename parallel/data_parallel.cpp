@@ -250,25 +250,36 @@ struct DataParallel::Impl {
                              ", side_values ", opts.side_values, " here)."));
   }
 
+  // Puts param i's gradient into its bucket slice, divided by the group size on the way (the buckets are then
+  // summed: the average without a pass of its own after the reduction, as DDP's pre-division). ZeRO drops the
+  // param's own .grad: its shard lives on in the bucket.
+  void take(int i) {
+    const Param& p = params[i];
+    at::Tensor g = p.tensor.grad(), s = slice(p);
+    at::NoGradGuard no_grad;
+    const double scale = 1.0 / static_cast<double>(group->group_size());
+    if (!g.defined()) {
+      s.zero_();
+    } else if (g.data_ptr() == s.data_ptr()) {
+      if (scale != 1.0) s.mul_(scale);
+    } else if (scale == 1.0) {
+      s.copy_(g);
+    } else {
+      at::mul_out(s, g, at::scalar_tensor(scale, g.options()));
+    }
+    if (zero_stage > 0) params[i].tensor.mutable_grad().reset();
+  }
+
   void on_grad_ready(int i) {
     std::lock_guard<std::mutex> lock(mu);
     if (!sync) return;
     if (!in_pass) start_pass();
     if (ready[i]) return;
-    const Param& p = params[i];
-    at::Tensor g = p.tensor.grad();
-    at::Tensor s = slice(p);
-    at::NoGradGuard no_grad;
-    if (!g.defined()) {
-      s.zero_();
-    } else if (g.data_ptr() != s.data_ptr()) {
-      s.copy_(g);
-    }
-    if (zero_stage > 0) params[i].tensor.mutable_grad().reset();  // its shard lives on in the bucket
+    take(i);
     ready[i] = 1;
     arrival.push_back(i);
     last_gradient = Clock::now();
-    if (--buckets[p.bucket].pending == 0) launch_ready();
+    if (--buckets[params[i].bucket].pending == 0) launch_ready();
   }
 
   void start_pass() {
@@ -301,9 +312,9 @@ struct DataParallel::Impl {
         if (!b.shard_grad.defined())
           b.shard_grad = at::zeros({b.counts[group->group_rank()]}, b.flat.options());
         b.work = group->reduce_scatter_v(b.shard_grad, b.flat, b.counts,
-                                         {comm::ReduceOp::kAvg, {}, {fingerprint, first}});
+                                         {comm::ReduceOp::kSum, {}, {fingerprint, first}});
       } else {
-        b.work = group->all_reduce(b.flat, {comm::ReduceOp::kAvg, {}, {fingerprint, first}});
+        b.work = group->all_reduce(b.flat, {comm::ReduceOp::kSum, {}, {fingerprint, first}});
       }
     }
   }
@@ -333,15 +344,8 @@ struct DataParallel::Impl {
     {
       at::NoGradGuard no_grad;
       for (int i : unused) {
-        const Param& p = params[i];
-        at::Tensor g = p.tensor.grad(), s = slice(p);
-        if (g.defined() && g.data_ptr() != s.data_ptr()) {
-          s.copy_(g);
-        } else if (!g.defined()) {
-          s.zero_();
-        }
-        if (zero_stage > 0) params[i].tensor.mutable_grad().reset();
-        if (--buckets[p.bucket].pending == 0) launch_ready();
+        take(i);  // its .grad if it has one (accumulated earlier), else zeros
+        if (--buckets[params[i].bucket].pending == 0) launch_ready();
       }
     }
     auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - pass_start).count(); };

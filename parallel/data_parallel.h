@@ -93,9 +93,9 @@ class DataParallel {
   void set_requires_gradient_sync(bool sync);
   bool requires_gradient_sync() const;
 
-  // Averages `values` (1-d, contiguous, at most side_values elements) over the group with the gradients of
-  // the next synchronised backward, in its last bucket: no collective of its own (a step's loss for the log).
-  // `values` holds the average when that backward returns. Every rank must call it for the same backward.
+  // Sums `values` (1-d, contiguous, at most side_values elements) over the group with the gradients of the
+  // next synchronised backward, in its last bucket: no collective of its own (a step's loss for the log).
+  // `values` holds the sum when that backward returns. Every rank must call it for the same backward.
   void reduce_with_gradients(at::Tensor values);
 
   // The timeline of the last synchronised backward (empty before the first).

@@ -254,7 +254,7 @@ void check_broadcast(const comm::BackendPtr& world) {
   }
 }
 
-// Values averaged with the gradients (side_values): no collective of their own.
+// Values summed with the gradients (side_values): no collective of their own.
 void check_side_values(const comm::BackendPtr& world) {
   const int n = world->group_size(), me = world->group_rank();
   const models::GPTConfig cfg = small_gpt();
@@ -270,9 +270,9 @@ void check_side_values(const comm::BackendPtr& world) {
     dp.reduce_with_gradients(v);
     tensor::CommLog::instance().clear();
     gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
-    const double mean = (n - 1) / 2.0;
-    check_close(str_cat("side values pass ", pass), v, at::tensor({mean, 2.0 * mean + 1 + pass}, at::kDouble),
-                1e-6);
+    const double sum = n * (n - 1) / 2.0;  // of the ranks' numbers
+    check_close(str_cat("side values pass ", pass), v,
+                at::tensor({sum, 2.0 * sum + n * (1.0 + pass)}, at::kDouble), 1e-6);
     if (pass == 1) {
       check_true(
           "side values: only the bucket all_reduces",

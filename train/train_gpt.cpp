@@ -164,10 +164,8 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
     }
     if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
     if (log.wants(step)) {
-      if (zero) {
-        world->all_reduce(global_loss, {comm::ReduceOp::kAvg})->wait();
-      }
-      log.step(step, global_loss.item<double>() * static_cast<double>(n));
+      if (zero) world->all_reduce(global_loss)->wait();  // dp's came with the gradients
+      log.step(step, global_loss.item<double>());
     }
   }
   double val = 0;
