@@ -14,8 +14,8 @@
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "parallel/data_parallel.h"
+#include "parallel/parallelize.h"
 #include "parallel/strategy.h"
-#include "parallel/zero.h"
 #include "tensor/comm_log.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
@@ -110,20 +110,15 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
   parallel::DataParallelOptions dpo = parallel::with_horovod_env({});
   if (o.bucket_bytes > 0) dpo.bucket_bytes = o.bucket_bytes;
   const auto adamw = torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay);
-  // dp: DataParallel and AdamW over the whole model; zero1/zero2: Zero and AdamW over this rank's shards.
-  std::unique_ptr<parallel::DataParallel> dp;
-  std::unique_ptr<parallel::Zero> zero;
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (zero_stage == 0) {
-    dpo.side_values = 1;  // the step's loss travels with the last gradient bucket
-    dp = std::make_unique<parallel::DataParallel>(*gpt, world, dpo);
-    opt = std::make_unique<torch::optim::AdamW>(gpt->parameters(), adamw);
-  } else {
-    zero = std::make_unique<parallel::Zero>(
-        *gpt, world, zero_stage,
-        [&](std::vector<at::Tensor> shards) { return std::make_unique<torch::optim::AdamW>(shards, adamw); },
-        dpo);
-  }
+  // dp: AdamW over the whole model; zero1/zero2: over this rank's shards.
+  parallel::ParallelConfig pc;
+  pc.strategy = o.strategy;
+  pc.buckets = dpo;
+  if (zero_stage == 0) pc.buckets.side_values = 1;  // the step's loss travels with the last gradient bucket
+  auto par = parallel::parallelize(*gpt, world, pc, [&](std::vector<at::Tensor> tensors) {
+    return std::make_unique<torch::optim::AdamW>(tensors, adamw);
+  });
+  parallel::DataParallel* dp = par->data_parallel();
   const bool lead = me == 0;
   if (lead) {
     std::printf(
@@ -131,7 +126,7 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
         static_cast<long>(n),
         zero_stage == 0 ? "dp (Horovod-style data parallel)"
                         : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
-        dp ? dp->buckets().size() : zero->buckets().size(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
+        par->bucket_count(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
         static_cast<long>(o.accumulation));
   }
   StepLog log(o, lead, o.batch * cfg.block_size);
@@ -140,7 +135,7 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
   for (int64_t step = 1; step <= o.steps; ++step) {
     at::Tensor w = sample_windows(corpus.train, o.batch, T, o.seed, step);
     tensor::CommLog::instance().clear();  // the log then holds one step
-    dp ? opt->zero_grad() : zero->zero_grad();
+    par->zero_grad();
     double share = 0;  // this rank's part of the global mean loss
     at::Tensor global_loss;
     for (int64_t k = 0; k < o.accumulation; ++k) {
@@ -148,7 +143,7 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
       parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
       at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
       const bool last = k == o.accumulation - 1;
-      dp ? dp->set_requires_gradient_sync(last) : zero->set_requires_gradient_sync(last);
+      par->set_requires_gradient_sync(last);
       at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
       // The global loss is the mean over all rows; the strategies average over the n ranks.
       const double weight = static_cast<double>(mine.count) / static_cast<double>(o.batch);
@@ -157,14 +152,10 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
       if (last && dp) dp->reduce_with_gradients(global_loss);  // rides with the gradients
       (loss * (weight * static_cast<double>(n))).backward();
     }
-    if (dp) {
-      opt->step();
-    } else {
-      zero->step();
-    }
+    par->step();
     if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
     if (log.wants(step)) {
-      if (zero) world->all_reduce(global_loss)->wait();  // dp's came with the gradients
+      if (!dp) world->all_reduce(global_loss)->wait();  // dp's came with the gradients
       log.step(step, global_loss.item<double>());
     }
   }
@@ -183,7 +174,7 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
     const double mib = static_cast<double>(psi) / (1 << 20);
     std::printf("peak resident memory of rank 0: %.1f MiB\n", peak_rss_mib());
     std::printf("model state per rank: %s (fp32 AdamW over %ld parameters: %s = %.2f MiB)\n",
-                (dp ? dp->memory(opt.get()) : zero->memory()).to_string().c_str(), static_cast<long>(psi),
+                par->memory().to_string().c_str(), static_cast<long>(psi),
                 zero_stage == 0   ? "16 bytes each"
                 : zero_stage == 1 ? "8 + 8/N bytes each"
                                   : "4 + 12/N bytes each",

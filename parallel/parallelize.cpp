@@ -1,0 +1,78 @@
+// parallelize(); see parallelize.h.
+#include "parallel/parallelize.h"
+
+#include "core/error.h"
+
+namespace dtrain::parallel {
+
+Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
+  const Strategy s = parse_strategy(c.strategy);
+  if (c.tp < 1 || world_size % c.tp != 0) {
+    throw ValueError(str_cat("parallelize: tp ", c.tp, " does not divide the world size ", world_size,
+                             ". Use a divisor of ", world_size, "."));
+  }
+  if (c.shard_size != 0 && s != Strategy::kHybridShard) {
+    throw ValueError(str_cat("parallelize: shard_size ", c.shard_size, " is for hsdp only, not ",
+                             to_string(s), ". Leave it unset, or use strategy hsdp."));
+  }
+  if (s == Strategy::kHybridShard &&
+      (c.shard_size < 1 || (world_size / c.tp) % c.shard_size != 0 || c.shard_size == world_size / c.tp)) {
+    throw ValueError(str_cat("parallelize: hsdp needs shard_size dividing the ", world_size / c.tp,
+                             " data-parallel ranks into several groups (got ", c.shard_size,
+                             "). Use e.g. shard_size ", std::max<int64_t>(1, world_size / c.tp / 2), "."));
+  }
+  if (s == Strategy::kZero3 || s == Strategy::kHybridShard) {
+    throw NotSupportedError(
+        str_cat("parallelize: strategy ", to_string(s), " is not implemented yet; dp, zero1 and zero2 are."));
+  }
+  if (c.tp > 1) {
+    throw NotSupportedError(
+        str_cat("parallelize: tp ", c.tp,
+                " is not implemented in parallelize() yet (dtrain train --tp runs the GPT's "
+                "Megatron layout through DTensor). Use tp 1."));
+  }
+  return s;
+}
+
+Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
+                           const OptimizerFactory& make)
+    : strategy_(validate_parallel_config(config, world->group_size())) {
+  // The fixed order: tensor parallel (not built), activation checkpointing (not built), ZeRO, data parallel.
+  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2) {
+    zero_ = std::make_unique<Zero>(module, std::move(world), strategy_ == Strategy::kZero1 ? 1 : 2, make,
+                                   config.buckets);
+    return;
+  }
+  dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);
+  optimizer_ = make(module.parameters());
+  if (!optimizer_) throw ValueError("parallelize: the optimizer factory returned no optimizer.");
+}
+
+void Parallelized::zero_grad() { zero_ ? zero_->zero_grad() : optimizer_->zero_grad(); }
+
+void Parallelized::step() {
+  if (zero_) {
+    zero_->step();
+  } else {
+    optimizer_->step();
+  }
+}
+
+void Parallelized::set_requires_gradient_sync(bool sync) {
+  zero_ ? zero_->set_requires_gradient_sync(sync) : dp_->set_requires_gradient_sync(sync);
+}
+
+ModelStateMemory Parallelized::memory() const {
+  return zero_ ? zero_->memory() : dp_->memory(optimizer_.get());
+}
+
+torch::optim::Optimizer& Parallelized::optimizer() { return zero_ ? zero_->optimizer() : *optimizer_; }
+
+size_t Parallelized::bucket_count() const { return zero_ ? zero_->buckets().size() : dp_->buckets().size(); }
+
+std::unique_ptr<Parallelized> parallelize(torch::nn::Module& module, comm::BackendPtr world,
+                                          const ParallelConfig& config, const OptimizerFactory& make) {
+  return std::make_unique<Parallelized>(module, std::move(world), config, make);
+}
+
+}  // namespace dtrain::parallel

@@ -1,0 +1,56 @@
+// parallelize(): one entry point that applies a whole parallel configuration to a user's module, in one
+// fixed, documented order (DESIGN §2: tensor parallel, then activation checkpointing, then ZeRO/FSDP, then
+// data parallel), validating every degree up front. Built today: the data-parallel strategies over the whole
+// group (dp, zero1, zero2); tp > 1, zero3 and hsdp are refused with a message saying so.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallel/strategy.h"
+#include "parallel/zero.h"
+
+namespace dtrain::parallel {
+
+struct ParallelConfig {
+  std::string strategy = "dp";  // parse_strategy's names
+  int64_t tp = 1;               // tensor-parallel degree
+  int64_t shard_size = 0;       // hsdp: ranks per ZeRO-3 group (0: not set)
+  DataParallelOptions buckets;  // bucket sizes, allow_unused, ...
+};
+
+// Checks `config` against the world size before anything is built: the strategy's name, the degrees (tp and
+// shard_size divide the world size; shard_size only with hsdp), and what is not built yet. ValueError or
+// NotSupportedError naming the values. Pure.
+Strategy validate_parallel_config(const ParallelConfig& config, int64_t world_size);
+
+// A module under a strategy, with the optimizer the strategy needs (over the whole module, or over this
+// rank's shards): the training loop calls zero_grad(), backward, step().
+class Parallelized {
+ public:
+  Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
+               const OptimizerFactory& make);
+  Strategy strategy() const { return strategy_; }
+  void zero_grad();
+  void step();
+  // Gradient accumulation: false for every micro-step but the last.
+  void set_requires_gradient_sync(bool sync);
+  ModelStateMemory memory() const;
+  torch::optim::Optimizer& optimizer();
+  size_t bucket_count() const;
+  // The data-parallel strategy, for reduce_with_gradients and last_pass (null under ZeRO).
+  DataParallel* data_parallel() { return dp_.get(); }
+
+ private:
+  Strategy strategy_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<Zero> zero_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // dp's, over the whole module
+};
+
+// Validates `config`, then applies it to `module` over `world` (collective). `make` builds the optimizer over
+// the tensors it is given: the module's parameters (dp) or this rank's shards (ZeRO).
+std::unique_ptr<Parallelized> parallelize(torch::nn::Module& module, comm::BackendPtr world,
+                                          const ParallelConfig& config, const OptimizerFactory& make);
+
+}  // namespace dtrain::parallel

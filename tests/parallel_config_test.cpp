@@ -1,0 +1,90 @@
+// Pure tests of the strategies' names, configuration checks and row split (parallel/): one process, no
+// communication.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "parallel/parallelize.h"
+
+namespace {
+
+using namespace dtrain;
+using namespace dtrain::parallel;
+
+TEST(StrategyNames, CanonicalNamesAndAliases) {
+  EXPECT_EQ(parse_strategy("dp"), Strategy::kDataParallel);
+  EXPECT_EQ(parse_strategy("DDP"), Strategy::kDataParallel);
+  EXPECT_EQ(parse_strategy("horovod"), Strategy::kDataParallel);
+  EXPECT_EQ(parse_strategy("deepspeed2"), Strategy::kZero2);
+  EXPECT_EQ(parse_strategy("shard_grad_op"), Strategy::kZero2);
+  EXPECT_EQ(parse_strategy("fsdp"), Strategy::kZero3);
+  EXPECT_EQ(parse_strategy("full_shard"), Strategy::kZero3);
+  EXPECT_EQ(parse_strategy("hybrid_shard"), Strategy::kHybridShard);
+  EXPECT_EQ(strategy_names(), (std::vector<std::string>{"dp", "zero1", "zero2", "zero3", "hsdp"}));
+  for (const auto& name : strategy_names()) EXPECT_EQ(to_string(parse_strategy(name)), name);
+  try {
+    parse_strategy("deepspeed");
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a stage"), std::string::npos) << e.what();
+  }
+  try {
+    parse_strategy("zero4");
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'zero4' is not a strategy"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ParallelConfig, DegreesAreCheckedUpFront) {
+  ParallelConfig c;
+  EXPECT_EQ(validate_parallel_config(c, 3), Strategy::kDataParallel);
+  c.strategy = "zero2";
+  EXPECT_EQ(validate_parallel_config(c, 4), Strategy::kZero2);
+  auto message = [](const ParallelConfig& c, int64_t n) -> std::string {
+    try {
+      validate_parallel_config(c, n);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  ParallelConfig tp;
+  tp.tp = 3;
+  EXPECT_NE(message(tp, 4).find("tp 3 does not divide the world size 4"), std::string::npos)
+      << message(tp, 4);
+  ParallelConfig stray;
+  stray.shard_size = 2;
+  EXPECT_NE(message(stray, 4).find("shard_size 2 is for hsdp only"), std::string::npos) << message(stray, 4);
+  ParallelConfig hsdp;
+  hsdp.strategy = "hsdp";
+  hsdp.shard_size = 3;
+  EXPECT_NE(message(hsdp, 4).find("(got 3)"), std::string::npos) << message(hsdp, 4);
+  hsdp.shard_size = 2;
+  EXPECT_THROW(validate_parallel_config(hsdp, 4), NotSupportedError);  // valid, not built yet
+  ParallelConfig z3;
+  z3.strategy = "fsdp";
+  EXPECT_NE(message(z3, 2).find("zero3 is not implemented yet"), std::string::npos) << message(z3, 2);
+  ParallelConfig two_d;
+  two_d.tp = 2;
+  EXPECT_THROW(validate_parallel_config(two_d, 4), NotSupportedError);
+}
+
+TEST(SplitRows, EvenAsPossibleAndCovering) {
+  for (int64_t rows : {0, 1, 5, 16, 17}) {
+    for (int64_t parts = 1; parts <= 4; ++parts) {
+      int64_t next = 0;
+      for (int64_t i = 0; i < parts; ++i) {
+        RowRange r = split_rows(rows, parts, i);
+        EXPECT_EQ(r.start, next) << rows << " rows, part " << i << " of " << parts;
+        EXPECT_GE(r.count, rows / parts);
+        EXPECT_LE(r.count, rows / parts + 1);
+        next += r.count;
+      }
+      EXPECT_EQ(next, rows);
+    }
+  }
+  EXPECT_EQ(split_rows(16, 3, 0).count, 6);
+  EXPECT_EQ(split_rows(16, 3, 2).count, 5);
+}
+
+}  // namespace
