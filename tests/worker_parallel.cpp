@@ -3,6 +3,8 @@
 // libtorch; its communication from CommLog; its errors; its memory report.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
@@ -334,6 +336,26 @@ void check_diverging_pass(const comm::BackendPtr& world) {
              error.find(str_cat("rank ", n - 1, " passed")) != std::string::npos);
 }
 
+// Buffers (BatchNorm's running statistics, which each rank's own rows move differently) equal group rank 0's
+// after every synchronised backward; parameters of two dtypes go into buckets of their own.
+void check_buffers_and_dtypes(const comm::BackendPtr& world) {
+  const int n = world->group_size(), me = world->group_rank();
+  torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::Linear(3, 2));
+  m[2]->to(at::kDouble);
+  parallel::DataParallel dp(*m, world);
+  check_true(str_cat("a bucket per dtype (", dp.buckets().size(), ")"), dp.buckets().size() == 2);
+  at::Tensor x = at::arange(16, at::kFloat).view({4, 4}) * (me + 1) - 3;
+  at::Tensor h = m[1]->as<torch::nn::BatchNorm1d>()->forward(m[0]->as<torch::nn::Linear>()->forward(x));
+  m[2]->as<torch::nn::Linear>()->forward(h.to(at::kDouble)).sum().backward();
+  at::Tensor mean = m[1]->as<torch::nn::BatchNorm1d>()->running_mean;
+  at::Tensor all = at::empty({n * mean.numel()}, mean.options());
+  world->all_gather(all, mean.contiguous())->wait();
+  at::Tensor rows = all.view({n, mean.numel()});
+  for (int r = 1; r < n; ++r)
+    check_equal(str_cat("running_mean of rank ", r, " is rank 0's"), rows[r], rows[0]);
+  check_true("the double Linear got a gradient", m[2]->as<torch::nn::Linear>()->weight.grad().defined());
+}
+
 }  // namespace
 
 void suite_zero(const comm::BackendPtr& world) {
@@ -348,6 +370,7 @@ void suite_data_parallel(const comm::BackendPtr& world) {
   check_parity(world, 0, 1, int64_t{25} << 20);  // one bucket
   check_parity(world, 0, 4, 16 << 10);           // several, and accumulation
   check_side_values(world);
+  check_buffers_and_dtypes(world);
   check_unused(world);
   if (world->group_size() > 1) {
     check_mismatch(world);
