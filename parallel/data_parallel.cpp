@@ -33,6 +33,8 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "tensor/comm_log.h"
+#include "tensor/cost_model.h"
+#include "tensor/settings.h"
 
 namespace dtrain::parallel {
 
@@ -53,6 +55,20 @@ std::string describe(const char* kind, const std::string& name, const at::Tensor
 }
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// The cost model's time for a bucket collective over `n` ranks, `bytes` being the whole bucket, counted in
+// bus bytes as the DTensor planner counts them; from DTRAIN_COMM_PROFILE when set, else the built-in
+// defaults. For CommLog's "predicted" beside the measured time.
+double predicted_seconds(tensor::StepKind kind, int64_t bytes, int n) {
+  if (n <= 1 || bytes == 0) return 0;
+  static const tensor::CostModel model = [] {
+    const std::string profile = tensor::settings().comm_profile;
+    return profile.empty() ? tensor::CostModel::defaults(1)
+                           : tensor::CostModel::from_profile(tensor::read_profile(profile), 1);
+  }();
+  const double k = n, b = static_cast<double>(bytes);
+  return model.seconds(kind, 0, kind == tensor::StepKind::kAllReduce ? b * 2 * (k - 1) / k : b * (k - 1) / k);
+}
 
 // Group rank 0's values of `tensors`, broadcast in one flat buffer per dtype.
 void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Tensor>& tensors) {
@@ -160,10 +176,12 @@ struct DataParallel::Impl {
     uint64_t run = fingerprint ^ 0x9e3779b97f4a7c15ull;
     std::vector<comm::WorkPtr> works;
     std::vector<at::Tensor> keep;
+    std::vector<int64_t> b_bytes;  // each bucket's whole size
     Clock::time_point t0 = Clock::now();
     for (size_t k = 0; k < buckets.size(); ++k) {
       Bucket& b = buckets[k];
       keep.push_back(b.shard_param.detach().clone());
+      b_bytes.push_back(bytes_of(b.params_flat));
       works.push_back(group->all_gather_v(b.params_flat, keep.back(), b.counts, {{}, {run | 2, k == 0}}));
     }
     for (size_t k = 0; k < buckets.size(); ++k) {
@@ -171,7 +189,8 @@ struct DataParallel::Impl {
       works[k]->wait();
       tensor::CommLog::instance().record(
           tensor::CommRecord{tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(keep[k]),
-                             0, std::chrono::duration<double>(Clock::now() - t0).count()});
+                             predicted_seconds(tensor::StepKind::kAllGather, b_bytes[k], group->group_size()),
+                             std::chrono::duration<double>(Clock::now() - t0).count()});
     }
   }
 
@@ -355,10 +374,12 @@ struct DataParallel::Impl {
     for (auto& b : buckets) {
       tensor::CommCause cause(zero_stage > 0 ? "zero" : "data_parallel");
       b.work->wait();
-      tensor::CommLog::instance().record(tensor::CommRecord{
-          tensor::CommCause::current(),
-          zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce, 0,
-          bytes_of(b.flat), 0, std::chrono::duration<double>(Clock::now() - b.launched).count()});
+      const tensor::StepKind kind =
+          zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce;
+      tensor::CommLog::instance().record(
+          tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
+                             predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
+                             std::chrono::duration<double>(Clock::now() - b.launched).count()});
     }
     timeline.end_s = since(Clock::now());
     if (zero_stage > 0) {
