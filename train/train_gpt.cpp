@@ -256,11 +256,10 @@ int train_gpt(const TrainOptions& o) {
     throw ValueError(str_cat("train: --accumulation ", o.accumulation, " must be between 1 and --batch (",
                              o.batch, "): the global batch is split into that many micro-batches."));
   }
-  const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
-  if (strategy == parallel::Strategy::kZero3 || strategy == parallel::Strategy::kHybridShard) {
-    throw NotSupportedError(str_cat("train: --strategy ", o.strategy, " (", parallel::to_string(strategy),
-                                    ") is not implemented yet; dp, zero1 and zero2 are. Use one of those."));
-  }
+  // The names table's checks, before any rank waits for the others (the world size is checked below).
+  parallel::ParallelConfig by_name;
+  by_name.strategy = o.strategy;
+  const parallel::Strategy strategy = parallel::validate_parallel_config(by_name, 1);
   const int zero_stage = strategy == parallel::Strategy::kZero1   ? 1
                          : strategy == parallel::Strategy::kZero2 ? 2
                                                                   : 0;
