@@ -15,6 +15,7 @@
 #include <c10/util/strides.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -34,6 +35,7 @@
 #include "core/units.h"
 #include "tensor/comm_log.h"
 #include "tensor/cost_model.h"
+#include "tensor/on_demand.h"
 #include "tensor/settings.h"
 
 namespace dtrain::parallel {
@@ -94,7 +96,8 @@ void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Te
 struct DataParallel::Impl {
   struct Param {
     std::string name;
-    at::Tensor tensor;
+    at::Tensor tensor;  // ZeRO-3: on demand (tensor/on_demand.h); reset when the strategy goes
+    std::vector<int64_t> sizes;
     int bucket = -1;
     int64_t offset = 0;  // elements into the bucket
   };
@@ -108,15 +111,22 @@ struct DataParallel::Impl {
     // ZeRO: the parameters live in `params_flat` (the module's parameters are plain tensors on its storage);
     // this rank owns elements [start, start + counts[rank]) of the bucket: their reduced gradient
     // (`shard_grad`) and their optimizer state, through `shard_param` (on params_flat's storage).
+    // ZeRO-3: params_flat is only there while gathered (a unit, see acquire()), shard_param has its own
+    // storage, and `gather` is the all-gather filling params_flat while in flight.
     at::Tensor params_flat;
     std::vector<int64_t> counts;
     int64_t start = 0;
     at::Tensor shard_grad, shard_param;
+    comm::WorkPtr gather;
+    Clock::time_point gather_start;
   };
 
   comm::BackendPtr group;
+  // hsdp: the ranks holding the same shards in the other shard groups (null: none); each reduced shard is
+  // all-reduced over them.
+  comm::BackendPtr replicate;
   DataParallelOptions opts;
-  int zero_stage = 0;         // 0: data parallel (all_reduce); 1, 2: ZeRO (reduce_scatter to the owners)
+  int zero_stage = 0;         // 0: data parallel (all_reduce); 1, 2, 3: ZeRO (reduce_scatter to the owners)
   std::vector<Param> params;  // registration order
   std::vector<at::Tensor> buffers;
   std::vector<Bucket> buckets;  // launch order
@@ -133,12 +143,36 @@ struct DataParallel::Impl {
   Clock::time_point pass_start, last_gradient;  // guarded by mu: this pass's first and last gradient
   PassTimeline timeline;                        // guarded by mu: of the last completed pass
 
+  // ZeRO-3's units (the buckets, whose parameters are gathered together): which are gathered, and the order
+  // they were used in, per phase (0: forward, 1: backward), for prefetching. Guarded by units_mu.
+  struct Units {
+    int phase = -1;  // of the last use; -1: none since all were released
+    int current = -1;
+    std::vector<int> seq[2];  // the first pass's uses, a unit once per run of uses
+    bool recorded[2] = {false, false};
+    int pos[2] = {-1, -1};        // where in seq the last use was
+    std::vector<char> pinned[2];  // used more than once in a phase: kept gathered through it
+    bool run_started[2] = {false, false};
+    uint64_t fingerprint[2] = {0, 0};  // of each phase's gathers, once recorded (an AgreementRun)
+  };
+  std::mutex units_mu;
+  Units units;
+
+  int64_t replicas() const { return replicate ? replicate->group_size() : 1; }
+
+  // Buffers (BatchNorm's running statistics) made group rank 0's again after a synchronised backward.
+  void sync_buffers() {
+    if (replicate) broadcast_coalesced(replicate, buffers);
+    broadcast_coalesced(group, buffers);
+  }
+
   // The param's part of its bucket, shaped like the param. Not an autograd view but a plain tensor on the
   // bucket's storage, so that it can be a .grad: optimizers' zero_grad() calls detach_(), which views refuse.
   at::Tensor slice(const Param& p) {
     Bucket& b = buckets[p.bucket];
-    if (!b.flat.defined()) b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));  // ZeRO-2
-    return alias(b.flat, p.offset, p.tensor.sizes());
+    if (!b.flat.defined())
+      b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));  // ZeRO-2/3
+    return alias(b.flat, p.offset, p.sizes);
   }
 
   static at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
@@ -147,8 +181,9 @@ struct DataParallel::Impl {
     return s;
   }
 
-  // ZeRO: moves the parameters into one flat buffer per bucket and cuts this rank's shard of each.
-  void shard_buckets() {
+  // ZeRO: moves the parameters into one flat buffer per bucket and cuts this rank's shard of each. ZeRO-3
+  // keeps only the shard and turns each parameter into an on-demand tensor of `source`.
+  void shard_buckets(const std::shared_ptr<tensor::OnDemandSource>& source) {
     const int64_t n = group->group_size(), me = group->group_rank();
     at::NoGradGuard no_grad;
     for (auto& b : buckets) {
@@ -158,7 +193,7 @@ struct DataParallel::Impl {
         Param& p = params[i];
         at::Tensor home = alias(b.params_flat, p.offset, p.tensor.sizes());
         home.copy_(p.tensor);
-        p.tensor.set_data(home);
+        if (zero_stage < 3) p.tensor.set_data(home);
       }
       b.counts.clear();
       for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
@@ -166,12 +201,152 @@ struct DataParallel::Impl {
       b.shard_grad = at::zeros({b.counts[me]}, o);
       if (zero_stage == 1) b.shard_grad = at::Tensor();  // allocated for each reduction
       b.shard_param = alias(b.params_flat, b.start, {b.counts[me]}).requires_grad_(true);
-      if (zero_stage == 2) b.flat = at::Tensor();
+      if (zero_stage >= 2) b.flat = at::Tensor();
+      if (zero_stage == 3) {
+        b.shard_param = b.shard_param.detach().clone().requires_grad_(true);
+        b.params_flat = at::Tensor();
+        for (int i : b.params) {
+          Param& p = params[i];
+          p.tensor.set_data(tensor::make_on_demand(source, i, p.tensor.detach()));
+        }
+      }
     }
   }
 
-  // ZeRO: every rank's updated shard of every bucket to every rank (one run of all_gathers).
+  // ZeRO-3: ---------------------------------------------------------------------------------------------
+  // A parameter's whole value for an op (OnDemandSource::acquire): its unit (bucket) gathered, or being.
+  // Policy, the same on every rank (it depends only on the order of uses, which the model code fixes):
+  // - forward and backward are phases (backward: inside the autograd engine); at each change of phase every
+  //   unit is let go, so that forward gathers each unit once and backward once again;
+  // - in the first pass the order of uses is recorded per phase; from then on, using the unit at position k
+  //   starts the all-gather of the unit at k+1 (prefetch), and every gathered unit other than these two is
+  //   let go, except units used more than once in the phase (a tied embedding, used first and last), which
+  //   stay gathered through it.
+  at::Tensor acquire(int i) {
+    std::lock_guard<std::mutex> lock(units_mu);
+    const Param& p = params[i];
+    use_unit(p.bucket);
+    return alias(buckets[p.bucket].params_flat, p.offset, p.sizes);
+  }
+
+  void written(int i) {
+    std::lock_guard<std::mutex> lock(units_mu);
+    Bucket& b = buckets[params[i].bucket];
+    at::NoGradGuard no_grad;
+    if (b.params_flat.defined())
+      b.shard_param.detach().copy_(b.params_flat.narrow(0, b.start, b.counts[group->group_rank()]));
+  }
+
+  void use_unit(int u) {
+    Units& z = units;
+    const int phase = torch::autograd::get_current_graph_task_id() >= 0 ? 1 : 0;
+    if (phase != z.phase) {
+      if (z.phase >= 0) end_phase(z.phase);
+      release_units_locked();
+      z.phase = phase;
+      z.pos[phase] = -1;
+      z.run_started[phase] = false;
+    }
+    const bool recording = !z.recorded[phase];
+    std::vector<int>& seq = z.seq[phase];
+    if (u != z.current) {
+      z.current = u;
+      if (recording) {
+        seq.push_back(u);
+      } else {
+        int& pos = z.pos[phase];
+        int found = -1;
+        for (int k = pos + 1; k < static_cast<int>(seq.size()) && found < 0; ++k)
+          if (seq[k] == u) found = k;
+        for (int k = 0; k <= pos && k < static_cast<int>(seq.size()) && found < 0; ++k)
+          if (seq[k] == u) found = k;
+        if (found >= 0) pos = found;
+      }
+    }
+    ensure_gathered(u, phase);
+    int next = -1;
+    if (!recording && z.pos[phase] + 1 < static_cast<int>(seq.size()) && z.pos[phase] >= 0 &&
+        seq[z.pos[phase]] == u) {
+      next = seq[z.pos[phase] + 1];
+      if (!buckets[next].params_flat.defined()) start_gather(next, phase);
+    }
+    for (size_t w = 0; w < buckets.size(); ++w) {
+      const int k = static_cast<int>(w);
+      if (k == u || k == next || (!z.pinned[phase].empty() && z.pinned[phase][w])) continue;
+      if (buckets[w].params_flat.defined()) release_unit(k);
+    }
+  }
+
+  // The end of a phase's first pass: its order of uses is the plan from now on.
+  void end_phase(int phase) {
+    Units& z = units;
+    if (z.recorded[phase]) return;
+    z.recorded[phase] = true;
+    z.pinned[phase].assign(buckets.size(), 0);
+    std::vector<int> count(buckets.size(), 0);
+    std::string text = str_cat(fingerprint, ":", phase, ":");
+    for (int u : z.seq[phase]) {
+      if (++count[u] > 1) z.pinned[phase][u] = 1;
+      text += str_cat(u, ",");
+    }
+    z.fingerprint[phase] = fnv1a(text) | 2;
+  }
+
+  void start_gather(int u, int phase) {
+    Bucket& b = buckets[u];
+    Units& z = units;
+    comm::AgreementRun run;  // the first pass: each gather checks itself
+    if (z.recorded[phase]) {
+      run = {z.fingerprint[phase], !z.run_started[phase]};
+      z.run_started[phase] = true;
+    }
+    b.params_flat = at::empty({b.numel}, b.shard_param.options().requires_grad(false));
+    b.gather_start = Clock::now();
+    b.gather = group->all_gather_v(b.params_flat, b.shard_param.detach(), b.counts, {{}, run});
+  }
+
+  void ensure_gathered(int u, int phase) {
+    if (!buckets[u].params_flat.defined()) start_gather(u, phase);
+    finish_gather(u);
+  }
+
+  void finish_gather(int u) {
+    Bucket& b = buckets[u];
+    if (!b.gather) return;
+    tensor::CommCause cause("zero3");
+    b.gather->wait();
+    b.gather.reset();
+    tensor::CommLog::instance().record(tensor::CommRecord{
+        tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(b.shard_param),
+        predicted_seconds(tensor::StepKind::kAllGather, bytes_of(b.params_flat), group->group_size()),
+        std::chrono::duration<double>(Clock::now() - b.gather_start).count()});
+  }
+
+  void release_unit(int u) {
+    finish_gather(u);  // a prefetch in flight: its buffer must outlive it
+    buckets[u].params_flat = at::Tensor();
+  }
+
+  void release_units_locked() {
+    for (size_t u = 0; u < buckets.size(); ++u) release_unit(static_cast<int>(u));
+    units.current = -1;
+  }
+
+  // After a backward's reductions, and after the optimizer changed the shards.
+  void release_units() {
+    std::lock_guard<std::mutex> lock(units_mu);
+    if (units.phase >= 0) end_phase(units.phase);
+    units.phase = -1;
+    release_units_locked();
+  }
+
+  // ZeRO: every rank's updated shard of every bucket to every rank (one run of all_gathers). ZeRO-3 gathers
+  // nothing here: gathered units (stale now) are let go, to be gathered when next used.
   void gather_params() {
+    if (zero_stage == 3) {
+      release_units();
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu);
     uint64_t run = fingerprint ^ 0x9e3779b97f4a7c15ull;
     std::vector<comm::WorkPtr> works;
@@ -195,31 +370,44 @@ struct DataParallel::Impl {
   }
 
   // Buckets in `order` (param indices): a new bucket when the dtype changes or the next param would overflow
-  // the cap (the first bucket's cap is first_bucket_bytes). Gradients already present move into the new
-  // slices.
+  // the cap (the first bucket's cap is first_bucket_bytes).
   void layout(const std::vector<int>& order) {
+    std::vector<std::vector<int>> groups;
+    int64_t cap = opts.first_bucket_bytes, bytes = 0;
+    for (int i : order) {
+      const Param& p = params[i];
+      const int64_t b = bytes_of(p.tensor);
+      bool fresh = groups.empty() ||
+                   params[groups.back().front()].tensor.scalar_type() != p.tensor.scalar_type() ||
+                   bytes + b > cap;
+      if (fresh) {
+        if (!groups.empty()) cap = opts.bucket_bytes;
+        groups.emplace_back();
+        bytes = 0;
+      }
+      groups.back().push_back(i);
+      bytes += b;
+    }
+    layout_groups(groups);
+  }
+
+  // One bucket per group (param indices; one dtype each), in launch order. Gradients already present move
+  // into the new slices.
+  void layout_groups(const std::vector<std::vector<int>>& groups) {
     std::vector<at::Tensor> grads(params.size());
     for (size_t i = 0; i < params.size(); ++i) grads[i] = params[i].tensor.grad();
     std::vector<Bucket> next;
     std::vector<int64_t> elements;
-    int64_t cap = opts.first_bucket_bytes, bytes = 0;
-    for (int i : order) {
-      Param& p = params[i];
-      const int64_t b = bytes_of(p.tensor);
-      bool fresh = next.empty() ||
-                   params[next.back().params.front()].tensor.scalar_type() != p.tensor.scalar_type() ||
-                   bytes + b > cap;
-      if (fresh) {
-        if (!next.empty()) cap = opts.bucket_bytes;
-        next.emplace_back();
-        elements.push_back(0);
-        bytes = 0;
+    for (const auto& g : groups) {
+      next.emplace_back();
+      elements.push_back(0);
+      for (int i : g) {
+        Param& p = params[i];
+        p.bucket = static_cast<int>(next.size()) - 1;
+        p.offset = elements.back();
+        next.back().params.push_back(i);
+        elements.back() += p.tensor.numel();
       }
-      p.bucket = static_cast<int>(next.size()) - 1;
-      p.offset = elements.back();
-      next.back().params.push_back(i);
-      elements.back() += p.tensor.numel();
-      bytes += b;
     }
     if (!next.empty()) elements.back() += opts.side_values;  // the last bucket carries the side values
     std::string shape;
@@ -276,7 +464,7 @@ struct DataParallel::Impl {
     const Param& p = params[i];
     at::Tensor g = p.tensor.grad(), s = slice(p);
     at::NoGradGuard no_grad;
-    const double scale = 1.0 / static_cast<double>(group->group_size());
+    const double scale = 1.0 / static_cast<double>(group->group_size() * replicas());
     if (!g.defined()) {
       s.zero_();
     } else if (g.data_ptr() == s.data_ptr()) {
@@ -380,6 +568,21 @@ struct DataParallel::Impl {
           tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
                              predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
                              std::chrono::duration<double>(Clock::now() - b.launched).count()});
+      if (replicas() > 1) {  // hsdp: the shard summed over the shard groups
+        b.launched = Clock::now();
+        b.work = replicate->all_reduce(
+            b.shard_grad, {comm::ReduceOp::kSum, {}, {fingerprint ^ 0x5bd1e995ull, &b == &buckets.front()}});
+      }
+    }
+    if (replicas() > 1) {
+      for (auto& b : buckets) {
+        tensor::CommCause cause("hsdp");
+        b.work->wait();
+        tensor::CommLog::instance().record(tensor::CommRecord{
+            tensor::CommCause::current(), tensor::StepKind::kAllReduce, 0, bytes_of(b.shard_grad),
+            predicted_seconds(tensor::StepKind::kAllReduce, bytes_of(b.shard_grad), replicas()),
+            std::chrono::duration<double>(Clock::now() - b.launched).count()});
+      }
     }
     timeline.end_s = since(Clock::now());
     if (zero_stage > 0) {
@@ -397,7 +600,9 @@ struct DataParallel::Impl {
           b.flat = at::Tensor();
         }
       }
+      if (zero_stage == 3) release_units();
       ++passes;
+      sync_buffers();
       return;
     }
     for (Param& p : params) {
@@ -411,7 +616,7 @@ struct DataParallel::Impl {
       side = at::Tensor();
     }
     if (++passes == 1 && opts.rebuild_buckets && params.size() > 1) rebuild();
-    broadcast_coalesced(group, buffers);
+    sync_buffers();
   }
 
   // The first pass's arrival order (group rank 0's, so that every rank lays out the same buckets), the params
@@ -541,12 +746,57 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   return total;
 }
 
+namespace {
+
+struct Zero3Source : tensor::OnDemandSource {
+  explicit Zero3Source(std::shared_ptr<DataParallel::Impl> impl) : impl(std::move(impl)) {}
+  at::Tensor acquire(int index) override { return impl->acquire(index); }
+  void written(int index) override { impl->written(index); }
+  std::shared_ptr<DataParallel::Impl> impl;
+};
+
+// ZeRO-3's units, in registration order: whole submodules where they fit in `cap` bytes (a module that does
+// not fit gives its own parameters as one piece and its children their own), consecutive pieces of one dtype
+// merged while they fit, as FSDP's size-based wrapping does. `index` maps a parameter's qualified name to
+// its index in `params` (parameters not there, frozen or registered twice, are skipped).
+void unit_pieces(const torch::nn::Module& m, const std::string& prefix,
+                 const std::map<std::string, int>& index, const std::vector<int64_t>& bytes, int64_t cap,
+                 std::vector<std::vector<int>>& out) {
+  std::vector<int> all;
+  int64_t total = 0;
+  for (const auto& item : m.named_parameters(true)) {
+    auto it = index.find(prefix + item.key());
+    if (it == index.end()) continue;
+    all.push_back(it->second);
+    total += bytes[it->second];
+  }
+  if (all.empty()) return;
+  if (total <= cap) {
+    out.push_back(all);
+    return;
+  }
+  std::vector<int> own;
+  for (const auto& item : m.named_parameters(false)) {
+    auto it = index.find(prefix + item.key());
+    if (it != index.end()) own.push_back(it->second);
+  }
+  if (!own.empty()) out.push_back(own);
+  for (const auto& child : m.named_children()) {
+    unit_pieces(*child.value(), prefix + child.key() + ".", index, bytes, cap, out);
+  }
+}
+
+}  // namespace
+
 DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts)
-    : DataParallel(module, std::move(group), opts, 0) {}
+    : DataParallel(module, std::move(group), opts, 0, nullptr) {}
 
 DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts,
-                           int zero_stage)
-    : impl_(std::make_unique<Impl>()) {
+                           int zero_stage, comm::BackendPtr replicate)
+    : impl_(std::make_shared<Impl>()) {
+  if (replicate && zero_stage != 3) {
+    throw NotSupportedError("data_parallel: replica groups (hsdp) are for ZeRO-3 only.");
+  }
   if (zero_stage > 0) {
     if (opts.side_values != 0) {
       throw NotSupportedError(
@@ -566,6 +816,7 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
   }
   Impl& s = *impl_;
   s.group = std::move(group);
+  if (replicate && replicate->group_size() > 1) s.replicate = std::move(replicate);
   s.opts = opts;
   std::vector<std::string> entries;
   std::unordered_set<const void*> seen;  // a parameter registered under two names counts once
@@ -575,20 +826,62 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
     if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
     entries.push_back(describe("parameter", item.key(), t));
     all_params.push_back(t);
-    if (t.requires_grad()) s.params.push_back({item.key(), t});
+    if (t.requires_grad()) s.params.push_back({item.key(), t, t.sizes().vec()});
   }
   for (const auto& item : module.named_buffers(true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     entries.push_back(describe("buffer", item.key(), item.value()));
     s.buffers.push_back(item.value());
   }
-  check_same_module(s.group, entries);
-  broadcast_coalesced(s.group, all_params);
-  broadcast_coalesced(s.group, s.buffers);
-  std::vector<int> order;  // gradients come roughly in reverse registration order
-  for (int i = static_cast<int>(s.params.size()) - 1; i >= 0; --i) order.push_back(i);
-  s.layout(order);
-  if (zero_stage > 0) s.shard_buckets();
+  // hsdp: first alike across the replicas (each shard group's rank 0 takes replica 0's values), then within
+  // each shard group.
+  for (const auto& g : {s.replicate, s.group}) {
+    if (!g) continue;
+    check_same_module(g, entries);
+    broadcast_coalesced(g, all_params);
+    broadcast_coalesced(g, s.buffers);
+  }
+  if (zero_stage == 3) {
+    // Units in registration order (roughly forward's order of use); buckets in launch order, the reverse.
+    std::map<std::string, int> index;
+    std::vector<int64_t> bytes;
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      index[s.params[i].name] = static_cast<int>(i);
+      bytes.push_back(bytes_of(s.params[i].tensor));
+    }
+    std::vector<std::vector<int>> pieces, units;
+    unit_pieces(module, "", index, bytes, opts.bucket_bytes, pieces);
+    int64_t unit_bytes = 0;
+    for (auto& piece : pieces) {
+      int64_t b = 0;
+      for (int i : piece) b += bytes[i];
+      const auto dtype = [&](int i) { return s.params[i].tensor.scalar_type(); };
+      bool split_dtype =
+          std::any_of(piece.begin(), piece.end(), [&](int i) { return dtype(i) != dtype(piece[0]); });
+      if (split_dtype) {  // a piece of several dtypes: one unit per dtype
+        std::map<at::ScalarType, std::vector<int>> by;
+        for (int i : piece) by[dtype(i)].push_back(i);
+        for (auto& [d, v] : by) units.push_back(v);
+        unit_bytes = opts.bucket_bytes;  // nothing merges into them
+        continue;
+      }
+      if (!units.empty() && unit_bytes + b <= opts.bucket_bytes &&
+          dtype(units.back()[0]) == dtype(piece[0])) {
+        units.back().insert(units.back().end(), piece.begin(), piece.end());
+        unit_bytes += b;
+      } else {
+        units.push_back(piece);
+        unit_bytes = b;
+      }
+    }
+    std::reverse(units.begin(), units.end());
+    s.layout_groups(units);
+  } else {
+    std::vector<int> order;  // gradients come roughly in reverse registration order
+    for (int i = static_cast<int>(s.params.size()) - 1; i >= 0; --i) order.push_back(i);
+    s.layout(order);
+  }
+  if (zero_stage > 0) s.shard_buckets(zero_stage == 3 ? std::make_shared<Zero3Source>(impl_) : nullptr);
   for (size_t i = 0; i < s.params.size(); ++i) {
     torch::autograd::impl::set_post_acc_grad_hooks(s.params[i].tensor,
                                                    std::make_unique<GradReadyHook>(&s, static_cast<int>(i)));
@@ -609,6 +902,11 @@ void DataParallel::reduce_with_gradients(at::Tensor values) {
 
 DataParallel::~DataParallel() {
   for (auto& p : impl_->params) torch::autograd::impl::set_post_acc_grad_hooks(p.tensor, nullptr);
+  // ZeRO-3: the parameters (on demand) keep the shards and units alive through their source; letting go of
+  // them here breaks the cycle.
+  if (impl_->zero_stage == 3) {
+    for (auto& p : impl_->params) p.tensor = at::Tensor();
+  }
 }
 
 void DataParallel::set_requires_gradient_sync(bool sync) {
@@ -635,7 +933,7 @@ ModelStateMemory DataParallel::memory(const torch::optim::Optimizer* optimizer) 
   std::lock_guard<std::mutex> lock(impl_->mu);
   ModelStateMemory m;
   for (const auto& p : impl_->params) {
-    m.parameters += bytes_of(p.tensor);
+    if (impl_->zero_stage < 3) m.parameters += bytes_of(p.tensor);
     at::Tensor g = p.tensor.grad();
     // Gradients live in the buckets; one that does not (accumulating before the first reduction) is extra.
     const auto& b = impl_->buckets[p.bucket];
@@ -648,9 +946,13 @@ ModelStateMemory DataParallel::memory(const torch::optim::Optimizer* optimizer) 
     } else if (impl_->zero_stage == 1) {  // the full gradient buckets, this rank's shard reduced in them
       m.gradients += bytes_of(b.flat);
       m.buckets += bytes_of(b.shard_grad);  // the reduce-scatter's output, during a backward
-    } else {  // ZeRO-2: this rank's reduced shard; a full bucket is a buffer while a backward needs it
+    } else {  // ZeRO-2/3: this rank's reduced shard; a full bucket is a buffer while a backward needs it
       m.gradients += bytes_of(b.shard_grad);
       m.buckets += bytes_of(b.flat);
+    }
+    if (impl_->zero_stage == 3) {  // this rank's shard; a unit gathered at the moment is a buffer
+      m.parameters += bytes_of(b.shard_param);
+      m.buckets += bytes_of(b.params_flat);
     }
   }
   for (const auto& b : impl_->buffers) m.buffers += bytes_of(b);

@@ -110,14 +110,16 @@ class DataParallel {
 
  private:
   friend class Zero;
-  // zero_stage 1 or 2: gradients reduce-scattered to their owners (parallel/zero.h).
-  DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts, int zero_stage);
+  // zero_stage 1, 2 or 3: gradients reduce-scattered to their owners (parallel/zero.h).
+  // `replicate` (hsdp, stage 3 only; may be null): the same shards' holders in the other shard groups.
+  DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts, int zero_stage,
+               comm::BackendPtr replicate);
   // ZeRO: this rank's shard of each bucket's parameters (leaf tensors on the parameters' storage).
   std::vector<at::Tensor> shard_parameters() const;
   // ZeRO: all-gathers every rank's shards into the parameters.
   void gather_parameters();
 
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with ZeRO-3's parameters, which gather through it
 };
 
 }  // namespace dtrain::parallel

@@ -2,6 +2,7 @@
 #include "parallel/parallelize.h"
 
 #include "core/error.h"
+#include "mesh/device_mesh.h"
 
 namespace dtrain::parallel {
 
@@ -21,10 +22,6 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
                              " data-parallel ranks into several groups (got ", c.shard_size,
                              "). Use e.g. shard_size ", std::max<int64_t>(1, world_size / c.tp / 2), "."));
   }
-  if (s == Strategy::kZero3 || s == Strategy::kHybridShard) {
-    throw NotSupportedError(
-        str_cat("parallelize: strategy ", to_string(s), " is not implemented yet; dp, zero1 and zero2 are."));
-  }
   if (c.tp > 1) {
     throw NotSupportedError(
         str_cat("parallelize: tp ", c.tp,
@@ -38,9 +35,20 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
                            const OptimizerFactory& make)
     : strategy_(validate_parallel_config(config, world->group_size())) {
   // The fixed order: tensor parallel (not built), activation checkpointing (not built), ZeRO, data parallel.
-  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2) {
-    zero_ = std::make_unique<Zero>(module, std::move(world), strategy_ == Strategy::kZero1 ? 1 : 2, make,
-                                   config.buckets);
+  if (strategy_ == Strategy::kHybridShard) {
+    // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
+    // rule), a replica group the ranks at the same place in each
+    const int64_t n = world->group_size();
+    mesh_ = std::make_shared<mesh::DeviceMesh>(world,
+                                               std::vector<int64_t>{n / config.shard_size, config.shard_size},
+                                               std::vector<std::string>{"replicate", "shard"});
+    zero_ = std::make_unique<Zero>(module, mesh_->axis_group("shard"), 3, make, config.buckets,
+                                   mesh_->axis_group("replicate"));
+    return;
+  }
+  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2 || strategy_ == Strategy::kZero3) {
+    const int stage = strategy_ == Strategy::kZero1 ? 1 : strategy_ == Strategy::kZero2 ? 2 : 3;
+    zero_ = std::make_unique<Zero>(module, std::move(world), stage, make, config.buckets);
     return;
   }
   dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);

@@ -1,7 +1,8 @@
 // parallelize(): one entry point that applies a whole parallel configuration to a user's module, in one
 // fixed, documented order (DESIGN §2: tensor parallel, then activation checkpointing, then ZeRO/FSDP, then
-// data parallel), validating every degree up front. Built today: the data-parallel strategies over the whole
-// group (dp, zero1, zero2); tp > 1, zero3 and hsdp are refused with a message saying so.
+// data parallel), validating every degree up front. Built today: the data-parallel strategies (dp, zero1,
+// zero2, zero3 over the whole group; hsdp: zero3 within groups of shard_size consecutive ranks, replicated
+// across the groups, on a [replicas, shard_size] mesh); tp > 1 is refused with a message saying so.
 #pragma once
 
 #include <memory>
@@ -9,6 +10,10 @@
 
 #include "parallel/strategy.h"
 #include "parallel/zero.h"
+
+namespace dtrain::mesh {
+class DeviceMesh;
+}
 
 namespace dtrain::parallel {
 
@@ -46,6 +51,7 @@ class Parallelized {
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Zero> zero_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // dp's, over the whole module
+  std::shared_ptr<mesh::DeviceMesh> mesh_;              // hsdp's
 };
 
 // Validates `config`, then applies it to `module` over `world` (collective). `make` builds the optimizer over

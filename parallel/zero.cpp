@@ -9,10 +9,10 @@ namespace dtrain::parallel {
 namespace {
 
 int checked_stage(int stage) {
-  if (stage != 1 && stage != 2) {
+  if (stage < 1 || stage > 3) {
     throw ValueError(str_cat("zero: stage ", stage,
-                             " is not built here. Use stage 1 (optimizer state sharded) or 2 "
-                             "(and gradients); stage 3 (parameters too) is not built yet."));
+                             " does not exist. Use stage 1 (optimizer state sharded), 2 (and gradients) or 3 "
+                             "(and parameters)."));
   }
   return stage;
 }
@@ -20,8 +20,8 @@ int checked_stage(int stage) {
 }  // namespace
 
 Zero::Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
-           DataParallelOptions opts)
-    : stage_(checked_stage(stage)), dp_(module, std::move(group), opts, stage) {
+           DataParallelOptions opts, comm::BackendPtr replicate)
+    : stage_(checked_stage(stage)), dp_(module, std::move(group), opts, stage, std::move(replicate)) {
   optimizer_ = make(dp_.shard_parameters());
   if (!optimizer_) throw ValueError("zero: the optimizer factory returned no optimizer.");
 }

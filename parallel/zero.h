@@ -1,8 +1,15 @@
-// DeepSpeed ZeRO stages 1 and 2 for any torch::nn::Module, on data parallel's buckets (data_parallel.h): each
-// bucket's gradients are reduce-scattered during backward, so that each rank gets the average of its shard
-// only; the user's torch::optim optimizer, built by a factory over this rank's shards, keeps state for them
-// alone (stage 1: optimizer state sharded); stage 2 also lets each full gradient bucket go once reduced
+// DeepSpeed ZeRO stages 1, 2 and 3 for any torch::nn::Module, on data parallel's buckets (data_parallel.h):
+// each bucket's gradients are reduce-scattered during backward, so that each rank gets the average of its
+// shard only; the user's torch::optim optimizer, built by a factory over this rank's shards, keeps state for
+// them alone (stage 1: optimizer state sharded); stage 2 also lets each full gradient bucket go once reduced
 // (gradients sharded). After the step, every rank's updated shards are all-gathered into the parameters.
+//
+// Stage 3 (parameters sharded too) keeps only this rank's shard of each bucket; the buckets are then units of
+// whole submodules (up to bucket_bytes, as FSDP wraps by size) and each parameter becomes an on-demand tensor
+// (tensor/on_demand.h): an op that reads it all-gathers its unit just in time, forward and again backward,
+// the next unit prefetched from the order recorded in the first step, and a unit is let go once the next is
+// in use. Module code is unchanged; reading a parameter outside training (printing, comparing) gathers it
+// too, a collective every rank must run alike.
 //
 //   parallel::Zero zero(*model, world, 2, [](std::vector<at::Tensor> shards) {
 //     return std::make_unique<torch::optim::AdamW>(shards, torch::optim::AdamWOptions(1e-3));
@@ -28,9 +35,12 @@ class Zero {
  public:
   // Collective over `group`, as DataParallel's constructor (module check, rank 0's weights broadcast), then
   // the parameters move into one flat buffer per bucket (each parameter stays the same at::Tensor) and
-  // `make` builds the optimizer over this rank's shard of each bucket. stage: 1 or 2 (ValueError otherwise).
+  // `make` builds the optimizer over this rank's shard of each bucket. stage: 1, 2 or 3 (ValueError
+  // otherwise).
+  // hsdp: stage 3 over `group` (a shard group), each reduced shard then all-reduced over `replicate` (the
+  // ranks holding the same shards in the other shard groups; null or one rank: none).
   Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
-       DataParallelOptions opts = {});
+       DataParallelOptions opts = {}, comm::BackendPtr replicate = nullptr);
 
   int stage() const { return stage_; }
   // The optimizer over this rank's shards (for its learning rate, or a scheduler).

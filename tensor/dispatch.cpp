@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "tensor/comm_log.h"
 #include "tensor/detail/dtensor_meta.h"
+#include "tensor/on_demand.h"
 #include "tensor/redistribute.h"
 #include "tensor/settings.h"
 #include "tensor/shard_math.h"
@@ -708,6 +709,7 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
 }
 
 void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (detail::handle_on_demand(op, stack)) return;  // a ZeRO-3 parameter (tensor/on_demand.h)
   const size_t n_args = op.schema().arguments().size();
   // The mesh (of the first DTensor argument).
   MeshPtr mesh;

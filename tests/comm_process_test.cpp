@@ -179,8 +179,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, GPTEndToEnd,
                          backend_ranks_name);
 
 // The strategies on models::GPT (tests/worker_parallel.cpp): suite "dp", parallel::DataParallel
-// (Horovod-style buckets; its errors too), and "zero", parallel::Zero stages 1 and 2: 20 AdamW steps equal to
-// one process, uneven rows, accumulation, the communication of a step, the memory report.
+// (Horovod-style buckets; its errors too), "zero", parallel::Zero stages 1, 2 and 3, and "hsdp" (ZeRO-3 on a
+// 2x2 mesh): 20 AdamW steps equal to one process, uneven rows, accumulation, the communication of a step, the
+// memory report.
 class StrategyParity : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
 
 TEST_P(StrategyParity, TwentyStepsMatchOneProcess) {
@@ -196,6 +197,8 @@ std::vector<std::tuple<std::string, std::string, int>> strategy_cases() {
     for (int n = 1; n <= 4; ++n) out.emplace_back(suite, "gloo", n);
     out.emplace_back(suite, "mpi", 3);
   }
+  out.emplace_back("hsdp", "gloo", 4);
+  out.emplace_back("hsdp", "mpi", 4);
   return out;
 }
 

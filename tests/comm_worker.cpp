@@ -318,6 +318,8 @@ int main(int argc, char** argv) {
       suite_data_parallel(world);
     } else if (suite == "zero") {
       suite_zero(world);
+    } else if (suite == "hsdp") {
+      suite_hsdp(world);
     } else if (suite == "ops") {
       suite_ops(world);
     } else if (suite == "hardening") {

@@ -59,11 +59,13 @@ TEST(ParallelConfig, DegreesAreCheckedUpFront) {
   hsdp.strategy = "hsdp";
   hsdp.shard_size = 3;
   EXPECT_NE(message(hsdp, 4).find("(got 3)"), std::string::npos) << message(hsdp, 4);
+  hsdp.shard_size = 4;  // one group: that is zero3
+  EXPECT_NE(message(hsdp, 4).find("(got 4)"), std::string::npos) << message(hsdp, 4);
   hsdp.shard_size = 2;
-  EXPECT_THROW(validate_parallel_config(hsdp, 4), NotSupportedError);  // valid, not built yet
+  EXPECT_EQ(validate_parallel_config(hsdp, 4), Strategy::kHybridShard);
   ParallelConfig z3;
   z3.strategy = "fsdp";
-  EXPECT_NE(message(z3, 2).find("zero3 is not implemented yet"), std::string::npos) << message(z3, 2);
+  EXPECT_EQ(validate_parallel_config(z3, 3), Strategy::kZero3);
   ParallelConfig two_d;
   two_d.tp = 2;
   EXPECT_THROW(validate_parallel_config(two_d, 4), NotSupportedError);

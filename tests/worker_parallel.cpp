@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "mesh/device_mesh.h"
 #include "models/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/zero.h"
@@ -65,9 +66,13 @@ int64_t param_bytes(torch::nn::Module& m) {
 
 // 20 AdamW steps at `accumulation` micro-batches per step, buckets of `bucket_bytes`, float64; stage 0 is
 // data parallel, 1 and 2 ZeRO.
-void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation, int64_t bucket_bytes) {
-  const std::string tag = str_cat(stage == 0 ? "dp" : str_cat("zero", stage), " accumulation ", accumulation,
-                                  " buckets ", bucket_bytes, ": ");
+// shard_size > 0: hsdp (ZeRO-3 within groups of shard_size ranks, replicated across them).
+void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation, int64_t bucket_bytes,
+                  int64_t shard_size = 0) {
+  const std::string tag = str_cat(shard_size > 0 ? str_cat("hsdp ", shard_size)
+                                  : stage == 0   ? "dp"
+                                                 : str_cat("zero", stage),
+                                  " accumulation ", accumulation, " buckets ", bucket_bytes, ": ");
   const models::GPTConfig cfg = small_gpt();
   const int64_t B = 18, T = cfg.block_size, steps = 20, n = world->group_size(), me = world->group_rank();
   // In float64: float32's rounding differs between one batch and its split into ranks' rows, and AdamW turns
@@ -86,12 +91,19 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
   std::unique_ptr<parallel::DataParallel> dp;
   std::unique_ptr<parallel::Zero> zero;
   std::unique_ptr<torch::optim::Optimizer> opt;
+  std::shared_ptr<mesh::DeviceMesh> mesh;
   if (stage == 0) {
     dp = std::make_unique<parallel::DataParallel>(*gpt, world, o);
     opt = adamw(gpt->parameters());
+  } else if (shard_size > 0) {
+    mesh = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / shard_size, shard_size},
+                                              std::vector<std::string>{"replicate", "shard"});
+    zero = std::make_unique<parallel::Zero>(*gpt, mesh->axis_group("shard"), 3, adamw, o,
+                                            mesh->axis_group("replicate"));
   } else {
     zero = std::make_unique<parallel::Zero>(*gpt, world, stage, adamw, o);
   }
+  const int64_t ns = shard_size > 0 ? shard_size : n;  // ranks sharing one copy of the model state
   // The bucket count (data parallel lays its buckets out again after the first backward).
   auto bucket_count = [&] {
     return static_cast<int64_t>(dp ? dp->buckets().size() : zero->buckets().size());
@@ -114,10 +126,47 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
       const bool last = k == accumulation - 1;
       dp ? dp->set_requires_gradient_sync(last) : zero->set_requires_gradient_sync(last);
       at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
+      if (stage == 3 && step >= 2) {
+        // Forward gathers each unit once (prefetched after the first step), this rank sending its shards.
+        tensor::CommTotals f = tensor::CommLog::instance().totals();
+        const int64_t nb = bucket_count(), shards = zero->memory().parameters;
+        check_true(str_cat(tag, "step ", step, " micro-step ", k, ": forward all-gathers each of the ", nb,
+                           " units once, sending this rank's ", shards, " bytes (got ", f.collectives, ", ",
+                           f.by_kind["all_gather"], " all_gather, ", f.bytes, " bytes)"),
+                   f.collectives == nb && f.by_kind["all_gather"] == nb && f.by_cause["zero3"] == nb &&
+                       f.bytes == shards);
+        tensor::CommLog::instance().clear();
+      }
       const double weight = static_cast<double>(mine.count) / static_cast<double>(B);
       (loss * (weight * static_cast<double>(n))).backward();
       share += loss.item<double>() * weight;
       tensor::CommTotals c = tensor::CommLog::instance().totals();
+      if (stage == 3) {
+        // Backward gathers again the units it needs (at most each once), and reduce-scatters only at the
+        // last micro-step.
+        const int64_t nb = bucket_count(), gathers = c.by_kind["all_gather"];
+        check_true(
+            str_cat(tag, "step ", step, " micro-step ", k, ": backward gathers each unit at most once (",
+                    gathers, " all_gather, ", nb, " units)"),
+            step == 1 || (gathers >= 1 && gathers <= nb && c.by_cause["zero3"] == gathers));
+        // What is left for the checks below: the reduce-scatters.
+        c.collectives -= gathers;
+        c.by_kind.erase("all_gather");
+        c.by_cause.erase("zero3");
+        if (shard_size > 0) {  // each reduced shard all-reduced over the replicas
+          const int64_t ar = c.by_kind["all_reduce"];
+          check_true(str_cat(tag, "step ", step, " micro-step ", k, ": ", last ? nb : 0,
+                             " all-reduces over the replicas (got ", ar, ")"),
+                     ar == (last ? nb : 0) && c.by_cause["hsdp"] == ar);
+          c.collectives -= ar;
+          c.by_kind.erase("all_reduce");
+          c.by_cause.erase("hsdp");
+        }
+        c.bytes = 0;
+        for (const auto& r : tensor::CommLog::instance().records()) {
+          if (r.kind == tensor::StepKind::kReduceScatter) c.bytes += r.bytes;
+        }
+      }
       if (!last) {
         check_true(str_cat(tag, "step ", step, " micro-step ", k, ": no communication before the last (got ",
                            c.collectives, ")"),
@@ -146,7 +195,11 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
     } else {
       zero->step();
     }
-    if (zero) {  // every rank's shards all-gathered: this rank contributes its shard, about 1/n of the bytes
+    if (stage == 3) {  // the shards are the parameters: nothing to gather
+      tensor::CommTotals c = tensor::CommLog::instance().totals();
+      check_true(str_cat(tag, "step ", step, ": the step communicates nothing (", c.collectives, ")"),
+                 c.collectives == 0);
+    } else if (zero) {  // every rank's shards all-gathered: this rank contributes its shard, about 1/n
       tensor::CommTotals c = tensor::CommLog::instance().totals();
       const int64_t nb = bucket_count();
       check_true(str_cat(tag, "step ", step, ": the step all-gathers each bucket once (", c.collectives, ", ",
@@ -161,16 +214,18 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
     check_relative(str_cat(tag, "step ", step, " loss"), l, ref_loss.detach().to(at::kDouble).view({1}),
                    1e-5);
   }
-  auto mine = gpt->named_parameters(), theirs = ref->named_parameters();
-  for (const auto& item : theirs) {
-    check_relative(str_cat(tag, "final ", item.key()), mine[item.key()], item.value(), 1e-5);
-  }
   // Model state per rank (bytes of float64 here: 8 per element): data parallel Ψ parameters, Ψ gradients (in
   // the buckets), 2Ψ AdamW moments; ZeRO-1 the moments of this rank's shard only (Ψ + Ψ + 2Ψ/N); ZeRO-2 its
-  // gradient too (Ψ + 3Ψ/N).
+  // gradient too (Ψ + 3Ψ/N); ZeRO-3 its parameters too (4Ψ/N).
   parallel::ModelStateMemory m = dp ? dp->memory(opt.get()) : zero->memory();
   const int64_t nb = bucket_count();
-  if (stage == 0) {
+  if (stage == 3) {
+    const int64_t slack = 8 * nb;
+    const int64_t shard = m.parameters;
+    check_true(str_cat(tag, "memory: ", m.to_string()),
+               std::abs(shard * ns - psi_bytes) <= slack * ns && m.gradients == shard &&
+                   m.optimizer_state == 2 * shard && m.buckets == 0 && m.buffers == 0);
+  } else if (stage == 0) {
     check_true(str_cat(tag, "memory: ", m.to_string()),
                m.parameters == psi_bytes && m.gradients == psi_bytes && m.optimizer_state == 2 * psi_bytes &&
                    m.buckets == 0 && m.buffers == 0);
@@ -182,6 +237,11 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
                    m.gradients == (stage == 1 ? psi_bytes : shard) && m.buckets == 0);
   }
   if (bucket_bytes < psi_bytes) check_true(str_cat(tag, "several buckets (", nb, ")"), nb > 1);
+  // (ZeRO-3: reading a parameter gathers it, a collective every rank runs alike)
+  auto mine = gpt->named_parameters(), theirs = ref->named_parameters();
+  for (const auto& item : theirs) {
+    check_relative(str_cat(tag, "final ", item.key()), mine[item.key()], item.value(), 1e-5);
+  }
 }
 
 // A GPT with one more Linear that forward never uses.
@@ -359,10 +419,17 @@ void check_buffers_and_dtypes(const comm::BackendPtr& world) {
 }  // namespace
 
 void suite_zero(const comm::BackendPtr& world) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     check_parity(world, stage, 1, int64_t{25} << 20);
     check_parity(world, stage, 4, 16 << 10);
   }
+}
+
+// hsdp on a [2, 2] mesh: ZeRO-3 within pairs of ranks, replicated across the pairs.
+void suite_hsdp(const comm::BackendPtr& world) {
+  if (world->group_size() != 4) throw ValueError("suite hsdp needs 4 ranks");
+  check_parity(world, 3, 1, int64_t{25} << 20, 2);
+  check_parity(world, 3, 4, 16 << 10, 2);
 }
 
 void suite_data_parallel(const comm::BackendPtr& world) {

@@ -22,6 +22,7 @@ void suite_data_parallel(const comm::BackendPtr& world);
 // parallel::Zero stages 1 and 2: the same parity (accumulation 1 and 4, one and several buckets), the
 // reduce-scatters of backward and the all-gathers of the step, the memory report.
 void suite_zero(const comm::BackendPtr& world);
+void suite_hsdp(const comm::BackendPtr& world);
 
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,

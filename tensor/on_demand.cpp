@@ -1,0 +1,198 @@
+// On-demand tensors; see on_demand.h.
+#include "tensor/on_demand.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/TensorImpl.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "tensor/detail/dtensor_meta.h"
+
+namespace dtrain::tensor {
+
+namespace {
+
+// A view op applied to an on-demand tensor, to replay on its whole value: the op and its arguments after
+// self.
+struct ViewStep {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;
+};
+
+struct OnDemandMeta : c10::BackendMeta {
+  OnDemandMeta(std::shared_ptr<OnDemandSource> source, int index, std::vector<ViewStep> views)
+      : source(std::move(source)), index(index), views(std::move(views)) {}
+  c10::intrusive_ptr<c10::BackendMeta> clone(const c10::intrusive_ptr<c10::BackendMeta>&) const override {
+    return c10::make_intrusive<OnDemandMeta>(source, index, views);
+  }
+  std::shared_ptr<OnDemandSource> source;
+  int index;
+  std::vector<ViewStep> views;
+};
+
+// Storage-less, with the global tensor's sizes, strides and offset (`like`'s), on `device`.
+struct OnDemandImpl : c10::TensorImpl {
+  OnDemandImpl(const at::Tensor& like, c10::Device device)
+      : c10::TensorImpl(c10::DispatchKeySet(detail::kDTensorKey), like.dtype(), device) {
+    set_storage_access_should_throw();
+    set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  }
+};
+
+const OnDemandMeta* meta_of(const at::Tensor& t) {
+  if (!t.defined() || !t.unsafeGetTensorImpl()->key_set().has(detail::kDTensorKey)) return nullptr;
+  return dynamic_cast<const OnDemandMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
+}
+
+at::Tensor make(const at::Tensor& like, c10::Device device, c10::intrusive_ptr<OnDemandMeta> meta) {
+  detail::ensure_dispatch_registered();
+  at::Tensor t = at::detail::make_tensor<OnDemandImpl>(like, device);
+  t.unsafeGetTensorImpl()->set_backend_meta(std::move(meta));
+  return t;
+}
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const auto& n = op.schema().operator_name();
+  return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
+}
+
+// Visits the tensors of the top `n` stack entries (tensors and lists of them); `f` may return a replacement.
+template <typename F>
+void for_each_tensor(std::vector<c10::IValue>& stack, size_t n, F&& f) {
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    c10::IValue& iv = stack[i];
+    if (iv.isTensor()) {
+      if (at::Tensor r = f(iv.toTensor(), i); r.defined()) iv = r;
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        if (at::Tensor r = f(list.get(j), i); r.defined()) list.set(j, r);
+      }
+    } else if (iv.isOptionalTensorList()) {
+      auto list = iv.toOptionalTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        std::optional<at::Tensor> t = list.get(j);
+        if (!t) continue;
+        if (at::Tensor r = f(*t, i); r.defined()) list.set(j, r);
+      }
+    }
+  }
+}
+
+// An op returning one tensor that aliases (without writing) its first argument, its only tensor argument.
+bool is_view_of_self(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& stack, size_t base) {
+  const auto& args = schema.arguments();
+  const auto& rets = schema.returns();
+  if (args.empty() || rets.size() != 1 || rets[0].type()->kind() != c10::TypeKind::TensorType) return false;
+  const auto* in = args[0].alias_info();
+  const auto* out = rets[0].alias_info();
+  if (in == nullptr || out == nullptr || in->isWrite() || out->isWrite()) return false;
+  if (in->beforeSets() != out->beforeSets()) return false;
+  for (size_t i = base + 1; i < stack.size(); ++i) {
+    const c10::IValue& iv = stack[i];
+    if (iv.isTensor() || iv.isTensorList() || iv.isOptionalTensorList()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+at::Tensor make_on_demand(std::shared_ptr<OnDemandSource> source, int index, const at::Tensor& like) {
+  if (!source) throw ValueError("make_on_demand: the source is null.");
+  return make(like, like.device(),
+              c10::make_intrusive<OnDemandMeta>(std::move(source), index, std::vector<ViewStep>{}));
+}
+
+bool is_on_demand(const at::Tensor& t) { return meta_of(t) != nullptr; }
+
+at::Tensor materialize(const at::Tensor& t) {
+  const OnDemandMeta* m = meta_of(t);
+  if (m == nullptr) {
+    throw ValueError(str_cat("materialize: the tensor is not an on-demand tensor (",
+                             t.defined() ? t.toString() : "undefined", ")."));
+  }
+  at::Tensor whole = m->source->acquire(m->index);
+  for (const ViewStep& v : m->views) {
+    std::vector<c10::IValue> stack;
+    stack.reserve(v.args.size() + 1);
+    stack.emplace_back(whole);
+    stack.insert(stack.end(), v.args.begin(), v.args.end());
+    v.op.callBoxed(&stack);
+    whole = stack.front().toTensor();
+  }
+  return whole;
+}
+
+namespace detail {
+
+bool handle_on_demand(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) {
+  const auto& schema = op.schema();
+  const size_t n_args = schema.arguments().size();
+  const size_t base = stack->size() - n_args;
+  bool any = false, any_dtensor = false;
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
+    if (meta_of(t) != nullptr) {
+      any = true;
+    } else if (is_dtensor(t)) {
+      any_dtensor = true;
+    }
+    return at::Tensor();
+  });
+  if (!any) return false;
+  if (any_dtensor) {
+    throw NotSupportedError(str_cat(rank_prefix(), " ", op_name(op),
+                                    " got both a ZeRO-3 parameter (gathered on demand) and a DTensor: "
+                                    "combining ZeRO-3 with tensor parallelism is not built yet."));
+  }
+
+  // A view: another on-demand tensor, its metadata from the op on a meta tensor.
+  if (const OnDemandMeta* m = meta_of((*stack)[base].isTensor() ? (*stack)[base].toTensor() : at::Tensor());
+      m != nullptr && is_view_of_self(schema, *stack, base)) {
+    const at::Tensor self = (*stack)[base].toTensor();
+    std::vector<c10::IValue> rest(stack->begin() + static_cast<std::ptrdiff_t>(base) + 1, stack->end());
+    std::vector<c10::IValue> meta_stack;
+    meta_stack.emplace_back(at::empty({0}, self.options().device(at::kMeta))
+                                .as_strided(self.sizes(), self.strides(), self.storage_offset()));
+    meta_stack.insert(meta_stack.end(), rest.begin(), rest.end());
+    op.callBoxed(&meta_stack);
+    const at::Tensor shape = meta_stack.front().toTensor();
+    std::vector<ViewStep> views = m->views;
+    views.push_back(ViewStep{op, std::move(rest)});
+    stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+    stack->emplace_back(
+        make(shape, self.device(), c10::make_intrusive<OnDemandMeta>(m->source, m->index, std::move(views))));
+    return true;
+  }
+
+  // Anything else: on the whole values.
+  std::vector<std::pair<size_t, at::Tensor>> written;  // (stack index, on-demand argument written)
+  for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
+    if (meta_of(t) == nullptr) return at::Tensor();
+    const auto* alias = schema.arguments()[i - base].alias_info();
+    if (alias != nullptr && alias->isWrite()) written.emplace_back(i, t);
+    return materialize(t);
+  });
+  op.callBoxed(stack);
+  for (const auto& [i, t] : written) {
+    const OnDemandMeta* m = meta_of(t);
+    m->source->written(m->index);
+  }
+  const size_t n_ret = schema.returns().size();
+  for (size_t r = 0; r < n_ret; ++r) {
+    const auto* alias = schema.returns()[r].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    for (const auto& [i, t] : written) {  // the argument this return aliases gets its own tensor back
+      const auto* a = schema.arguments()[i - base].alias_info();
+      if (a != nullptr && a->beforeSets() == alias->beforeSets()) {
+        (*stack)[stack->size() - n_ret + r] = t;
+        break;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace detail
+
+}  // namespace dtrain::tensor
