@@ -110,9 +110,10 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
   parallel::DataParallelOptions dpo = parallel::with_horovod_env({});
   if (o.bucket_bytes > 0) dpo.bucket_bytes = o.bucket_bytes;
   const auto adamw = torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay);
-  // dp: AdamW over the whole model; zero1/zero2: over this rank's shards.
+  // dp: AdamW over the whole model; zero1-3, hsdp: over this rank's shards.
   parallel::ParallelConfig pc;
   pc.strategy = o.strategy;
+  pc.shard_size = o.shard_size;
   pc.buckets = dpo;
   if (zero_stage == 0) pc.buckets.side_values = 1;  // the step's loss travels with the last gradient bucket
   auto par = parallel::parallelize(*gpt, world, pc, [&](std::vector<at::Tensor> tensors) {
@@ -125,7 +126,10 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
         "dtrain train: %ld ranks, strategy %s: %zu gradient buckets of up to %.1f MiB, accumulation %ld\n",
         static_cast<long>(n),
         zero_stage == 0 ? "dp (Horovod-style data parallel)"
-                        : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
+        : o.shard_size > 0
+            ? str_cat("hsdp (ZeRO-3 within groups of ", o.shard_size, " ranks, replicated across them)")
+                  .c_str()
+            : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
         par->bucket_count(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
         static_cast<long>(o.accumulation));
   }
@@ -173,14 +177,17 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
     for (const auto& p : gpt->parameters()) psi += p.numel();
     const double mib = static_cast<double>(psi) / (1 << 20);
     std::printf("peak resident memory of rank 0: %.1f MiB\n", peak_rss_mib());
+    const double ns = static_cast<double>(o.shard_size > 0 ? o.shard_size : n);  // ranks sharing a copy
     std::printf("model state per rank: %s (fp32 AdamW over %ld parameters: %s = %.2f MiB)\n",
                 par->memory().to_string().c_str(), static_cast<long>(psi),
                 zero_stage == 0   ? "16 bytes each"
                 : zero_stage == 1 ? "8 + 8/N bytes each"
-                                  : "4 + 12/N bytes each",
+                : zero_stage == 2 ? "4 + 12/N bytes each"
+                                  : "16/N bytes each",
                 zero_stage == 0   ? 16 * mib
-                : zero_stage == 1 ? (8 + 8.0 / static_cast<double>(n)) * mib
-                                  : (4 + 12.0 / static_cast<double>(n)) * mib);
+                : zero_stage == 1 ? (8 + 8.0 / ns) * mib
+                : zero_stage == 2 ? (4 + 12.0 / ns) * mib
+                                  : 16.0 / ns * mib);
   }
   world->barrier()->wait();
 }
@@ -256,13 +263,17 @@ int train_gpt(const TrainOptions& o) {
     throw ValueError(str_cat("train: --accumulation ", o.accumulation, " must be between 1 and --batch (",
                              o.batch, "): the global batch is split into that many micro-batches."));
   }
-  // The names table's checks, before any rank waits for the others (the world size is checked below).
-  parallel::ParallelConfig by_name;
-  by_name.strategy = o.strategy;
-  const parallel::Strategy strategy = parallel::validate_parallel_config(by_name, 1);
-  const int zero_stage = strategy == parallel::Strategy::kZero1   ? 1
-                         : strategy == parallel::Strategy::kZero2 ? 2
-                                                                  : 0;
+  // The names table's check, before any rank waits for the others (the degrees are checked against the world
+  // size below, alike on every rank).
+  const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
+  const int zero_stage = strategy == parallel::Strategy::kZero1          ? 1
+                         : strategy == parallel::Strategy::kZero2        ? 2
+                         : strategy == parallel::Strategy::kDataParallel ? 0
+                                                                         : 3;
+  if (o.shard_size != 0 && strategy != parallel::Strategy::kHybridShard) {
+    throw ValueError(str_cat("train: --shard-size ", o.shard_size, " is for --strategy hsdp only, not ",
+                             o.strategy, ". Leave it out, or use --strategy hsdp."));
+  }
   if (zero_stage > 0 && o.tp > 1) {
     throw NotSupportedError(str_cat("train: --strategy ", o.strategy, " with --tp ", o.tp,
                                     " is not implemented yet. Use --strategy dp with --tp, or --tp 1."));
@@ -272,6 +283,12 @@ int train_gpt(const TrainOptions& o) {
   if (o.tp < 1 || ws % o.tp != 0) {
     throw ValueError(str_cat("train: --tp ", o.tp, " does not divide the world size ", ws,
                              ". Choose a divisor of ", ws, "."));
+  }
+  {
+    parallel::ParallelConfig pc;
+    pc.strategy = o.strategy;
+    pc.shard_size = o.shard_size;
+    if (o.tp == 1) parallel::validate_parallel_config(pc, ws);  // tp > 1: the DTensor path below
   }
   const int64_t dp = ws / o.tp;
   if (o.batch / o.accumulation < dp) {

@@ -1,6 +1,6 @@
-// A first training run: models::GPT on text (one token per byte), Horovod-style data parallel
-// (parallel::DataParallel) or Megatron tensor parallel through DTensor, AdamW, loss logged on rank 0. What
-// `scripts/main.sh` runs (`dtrain train`).
+// A first training run: models::GPT on text (one token per byte), a data-parallel strategy through
+// parallel::parallelize (dp, zero1-3, hsdp) or Megatron tensor parallel through DTensor, AdamW, loss logged
+// on rank 0. What `scripts/main.sh` runs (`dtrain train`).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,7 @@ struct TrainOptions {
   int64_t steps = 300;
   int64_t tp = 1;  // tensor-parallel ranks (Megatron layout); the rest of the world is data parallel
   std::string strategy = "dp";  // parallel::parse_strategy's names
+  int64_t shard_size = 0;       // hsdp: ranks per ZeRO-3 group
   int64_t bucket_bytes = 0;     // data parallel's gradient buckets; 0: 25 MiB or HOROVOD_FUSION_THRESHOLD
   int64_t accumulation = 1;     // micro-batches per optimizer step (the global batch split K ways)
   std::string metrics;          // a JSONL file, one object per step on rank 0 ("" = none)

@@ -19,12 +19,15 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
   c->add_option("--tp", o.tp, "Tensor-parallel ranks (Megatron layout); the others are data parallel")
       ->capture_default_str();
   c->add_option("--strategy", o.strategy,
-                "dp (Horovod-style data parallel; also ddp, horovod), zero1, zero2 (DeepSpeed ZeRO stages); "
-                "zero3 and hsdp are not implemented yet")
+                "dp (Horovod-style data parallel; also ddp, horovod), zero1, zero2, zero3 (DeepSpeed ZeRO "
+                "stages; also deepspeed1..3, fsdp), hsdp (zero3 within groups of --shard-size ranks, "
+                "replicated across them)")
       ->capture_default_str();
+  c->add_option("--shard-size", o.shard_size, "hsdp: ranks per ZeRO-3 group (consecutive ranks)");
   c->add_option_function<std::string>(
       "--bucket-bytes", [&o](const std::string& v) { o.bucket_bytes = parse_bytes("--bucket-bytes", v); },
-      "Gradient bucket size for dp, e.g. 25M (default 25M, or HOROVOD_FUSION_THRESHOLD)");
+      "Gradient bucket size, e.g. 25M (default 25M, or HOROVOD_FUSION_THRESHOLD); under zero3/hsdp also "
+      "the most bytes of parameters gathered together (a unit of whole submodules)");
   c->add_option(
        "--accumulation", o.accumulation,
        "Micro-batches per step: the global batch is split this many ways, gradients communicated once")
