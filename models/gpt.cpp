@@ -76,18 +76,20 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config(c) {
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   // The output head is wte itself (tied): no parameter of its own.
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
+  GPTInit init(c.seed);
+  for (auto& p : named_parameters()) init(p.key(), p.value());
+}
+
+GPTInit::GPTInit(uint64_t seed) : gen(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+
+void GPTInit::operator()(const std::string& name, at::Tensor& t) {
   at::NoGradGuard no_grad;
-  for (auto& p : named_parameters()) {
-    const std::string& name = p.key();
-    at::Tensor& t = p.value();
-    if (name.find("ln") != std::string::npos) {
-      t.fill_(name.size() >= 6 && name.substr(name.size() - 6) == "weight" ? 1.0 : 0.0);
-    } else if (name.substr(name.size() - 4) == "bias") {
-      t.zero_();
-    } else {
-      t.normal_(0.0, 0.02, gen);
-    }
+  if (name.find("ln") != std::string::npos) {
+    t.fill_(name.size() >= 6 && name.substr(name.size() - 6) == "weight" ? 1.0 : 0.0);
+  } else if (name.substr(name.size() - 4) == "bias") {
+    t.zero_();
+  } else {
+    t.normal_(0.0, 0.02, gen);
   }
 }
 

@@ -66,6 +66,15 @@ TORCH_MODULE(Block);
 enum class MegatronSplit { kWhole, kRows, kColumns };
 MegatronSplit megatron_split(const std::string& param_name);
 
+// The GPT's initial values (see GPTConfig::seed), one parameter at a time, in registration order
+// (named_parameters()): the constructor applies it to every parameter; a model built on the meta device for
+// ZeRO-3 (parallel/zero.h) gets the same values through it, one parameter at a time.
+struct GPTInit {
+  explicit GPTInit(uint64_t seed);
+  void operator()(const std::string& name, at::Tensor& t);
+  at::Generator gen;
+};
+
 struct GPTImpl : torch::nn::Module {
   explicit GPTImpl(const GPTConfig& c);
   // idx: [B, T] token ids (int64), T <= block_size. Returns logits [B, T, vocab_size].

@@ -107,6 +107,7 @@ struct DataParallel::Impl {
     std::vector<int> params;
     int pending = 0;  // params of this pass not in yet
     comm::WorkPtr work;
+    bool reduced = false;  // this pass's reduction waited for (see complete())
     Clock::time_point launched;
     // ZeRO: the parameters live in `params_flat` (the module's parameters are plain tensors on its storage);
     // this rank owns elements [start, start + counts[rank]) of the bucket: their reduced gradient
@@ -181,9 +182,8 @@ struct DataParallel::Impl {
     return s;
   }
 
-  // ZeRO: moves the parameters into one flat buffer per bucket and cuts this rank's shard of each. ZeRO-3
-  // keeps only the shard and turns each parameter into an on-demand tensor of `source`.
-  void shard_buckets(const std::shared_ptr<tensor::OnDemandSource>& source) {
+  // ZeRO-1/2: moves the parameters into one flat buffer per bucket and cuts this rank's shard of each.
+  void shard_buckets() {
     const int64_t n = group->group_size(), me = group->group_rank();
     at::NoGradGuard no_grad;
     for (auto& b : buckets) {
@@ -193,7 +193,7 @@ struct DataParallel::Impl {
         Param& p = params[i];
         at::Tensor home = alias(b.params_flat, p.offset, p.tensor.sizes());
         home.copy_(p.tensor);
-        if (zero_stage < 3) p.tensor.set_data(home);
+        p.tensor.set_data(home);
       }
       b.counts.clear();
       for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
@@ -201,16 +201,67 @@ struct DataParallel::Impl {
       b.shard_grad = at::zeros({b.counts[me]}, o);
       if (zero_stage == 1) b.shard_grad = at::Tensor();  // allocated for each reduction
       b.shard_param = alias(b.params_flat, b.start, {b.counts[me]}).requires_grad_(true);
-      if (zero_stage >= 2) b.flat = at::Tensor();
-      if (zero_stage == 3) {
-        b.shard_param = b.shard_param.detach().clone().requires_grad_(true);
-        b.params_flat = at::Tensor();
-        for (int i : b.params) {
-          Param& p = params[i];
-          p.tensor.set_data(tensor::make_on_demand(source, i, p.tensor.detach()));
-        }
-      }
+      if (zero_stage == 2) b.flat = at::Tensor();
     }
+  }
+
+  // ZeRO-3: keeps only this rank's shard of each bucket, its values taken one parameter at a time in
+  // registration order (a parameter on the meta device made whole by opts.materialize first, group rank 0's
+  // values broadcast), and turns each parameter into an on-demand tensor of `source`. Peak: the shards plus
+  // one whole parameter.
+  void shard_parameters_only(const std::shared_ptr<tensor::OnDemandSource>& source) {
+    const int64_t n = group->group_size(), me = group->group_rank();
+    at::NoGradGuard no_grad;
+    for (auto& b : buckets) {
+      const at::TensorOptions o =
+          params[b.params.front()].tensor.options().device(at::kCPU).requires_grad(false);
+      b.counts.clear();
+      for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
+      b.start = split_rows(b.numel, n, me).start;
+      b.shard_param = at::zeros({b.counts[me]}, o);  // (shard_grad: made by the first reduction)
+      b.flat = at::Tensor();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param& p = params[i];
+      Bucket& b = buckets[p.bucket];
+      at::Tensor whole = p.tensor.is_meta() ? made_whole(p.name, p.tensor) : p.tensor.detach();
+      const int64_t lo = std::max(p.offset, b.start),
+                    hi = std::min(p.offset + whole.numel(), b.start + b.counts[me]);
+      if (lo < hi)
+        b.shard_param.narrow(0, lo - b.start, hi - lo)
+            .copy_(whole.reshape({-1}).narrow(0, lo - p.offset, hi - lo));
+      at::Tensor od = tensor::make_on_demand(source, static_cast<int>(i), whole);
+      become(p.tensor, od);
+    }
+    for (auto& b : buckets) b.shard_param.requires_grad_(true);
+  }
+
+  // A tensor on the meta device made whole: opts.materialize gives its values, group rank 0's are broadcast.
+  at::Tensor made_whole(const std::string& name, const at::Tensor& meta) {
+    if (!opts.materialize) {
+      throw ValueError(
+          str_cat(rank_prefix(), " zero: '", name,
+                  "' is on the meta device and DataParallelOptions::materialize is not set. Set it "
+                  "to a function giving each tensor its initial values, or build the module on the CPU."));
+    }
+    at::Tensor whole = at::empty(meta.sizes(), meta.options().device(at::kCPU).requires_grad(false));
+    opts.materialize(name, whole);
+    for (const auto& g : {replicate, group}) {
+      if (g && g->group_size() > 1) g->broadcast(whole)->wait();
+    }
+    return whole;
+  }
+
+  // Makes `t` (a module's parameter or buffer, the same tensor the module holds) be `what`. Tensor::set_data
+  // refuses a meta tensor becoming another kind, so the implementation is copied over directly then, and
+  // the autograd node cached for the old device is dropped.
+  static void become(at::Tensor& t, const at::Tensor& what) {
+    if (!t.is_meta()) {
+      t.set_data(what);
+      return;
+    }
+    t.unsafeGetTensorImpl()->shallow_copy_from(what.getIntrusivePtr());
+    if (auto* meta = torch::autograd::impl::get_autograd_meta(t)) meta->grad_accumulator_.reset();
   }
 
   // ZeRO-3: ---------------------------------------------------------------------------------------------
@@ -413,9 +464,12 @@ struct DataParallel::Impl {
     std::string shape;
     for (size_t k = 0; k < next.size(); ++k) {
       next[k].numel = elements[k];
-      next[k].flat =
-          at::zeros({elements[k]}, params[next[k].params.front()].tensor.options().requires_grad(false));
-      shape += str_cat(c10::toString(next[k].flat.scalar_type()), ":", elements[k], ";");
+      if (zero_stage != 3) {  // ZeRO-3 makes them during each synchronised backward
+        next[k].flat =
+            at::zeros({elements[k]}, params[next[k].params.front()].tensor.options().requires_grad(false));
+      }
+      shape +=
+          str_cat(c10::toString(params[next[k].params.front()].tensor.scalar_type()), ":", elements[k], ";");
     }
     fingerprint = fnv1a(shape) | 2;  // never 0 (no run) once shifted by the backend
     check_same_layout(shape);
@@ -498,6 +552,7 @@ struct DataParallel::Impl {
     for (auto& b : buckets) {
       b.pending = static_cast<int>(b.params.size());
       b.work.reset();
+      b.reduced = false;
     }
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
   }
@@ -523,6 +578,44 @@ struct DataParallel::Impl {
       } else {
         b.work = group->all_reduce(b.flat, {comm::ReduceOp::kSum, {}, {fingerprint, first}});
       }
+    }
+    // ZeRO-2/3: a full bucket goes as soon as its reduction is done (checked in bucket order), and at most
+    // kMaxInFlight are awaiting theirs (the oldest is waited for), so that backward holds a few at once, not
+    // every gradient.
+    if (zero_stage >= 2) {
+      constexpr size_t kMaxInFlight = 2;
+      size_t in_flight = 0;
+      for (size_t k = 0; k < next_launch; ++k) in_flight += buckets[k].reduced ? 0 : 1;
+      for (size_t k = 0; k < next_launch; ++k) {
+        if (buckets[k].reduced) continue;
+        if (in_flight <= kMaxInFlight && !buckets[k].work->is_completed()) break;
+        complete(buckets[k]);
+        --in_flight;
+      }
+    }
+  }
+
+  // Waits for a bucket's reduction (recording it in CommLog); ZeRO-2/3 then let the full bucket go; hsdp
+  // all-reduces the reduced shard over the replicas. Called in bucket order.
+  void complete(Bucket& b) {
+    if (b.reduced) return;
+    {
+      tensor::CommCause cause(zero_stage > 0 ? "zero" : "data_parallel");
+      b.work->wait();
+      const tensor::StepKind kind =
+          zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce;
+      tensor::CommLog::instance().record(
+          tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
+                             predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
+                             std::chrono::duration<double>(Clock::now() - b.launched).count()});
+    }
+    b.reduced = true;
+    b.work.reset();  // it holds the collective's buffers (Gloo's padded copy of the bucket)
+    if (zero_stage >= 2) b.flat = at::Tensor();
+    if (replicas() > 1) {  // hsdp: the shard summed over the shard groups
+      b.launched = Clock::now();
+      b.work = replicate->all_reduce(
+          b.shard_grad, {comm::ReduceOp::kSum, {}, {fingerprint ^ 0x5bd1e995ull, &b == &buckets.front()}});
     }
   }
 
@@ -559,21 +652,7 @@ struct DataParallel::Impl {
     timeline = PassTimeline{};
     for (const auto& b : buckets) timeline.bucket_launch_s.push_back(since(b.launched));
     timeline.last_gradient_s = since(last_gradient);
-    for (auto& b : buckets) {
-      tensor::CommCause cause(zero_stage > 0 ? "zero" : "data_parallel");
-      b.work->wait();
-      const tensor::StepKind kind =
-          zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce;
-      tensor::CommLog::instance().record(
-          tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
-                             predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
-                             std::chrono::duration<double>(Clock::now() - b.launched).count()});
-      if (replicas() > 1) {  // hsdp: the shard summed over the shard groups
-        b.launched = Clock::now();
-        b.work = replicate->all_reduce(
-            b.shard_grad, {comm::ReduceOp::kSum, {}, {fingerprint ^ 0x5bd1e995ull, &b == &buckets.front()}});
-      }
-    }
+    for (auto& b : buckets) complete(b);
     if (replicas() > 1) {
       for (auto& b : buckets) {
         tensor::CommCause cause("hsdp");
@@ -825,19 +904,39 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
     const at::Tensor& t = item.value();
     if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
     entries.push_back(describe("parameter", item.key(), t));
-    all_params.push_back(t);
+    if (t.is_meta() && (zero_stage != 3 || !t.requires_grad())) {
+      throw ValueError(str_cat(rank_prefix(), " ", zero_stage == 3 ? "zero" : "data_parallel",
+                               ": parameter '", item.key(), "' is on the meta device",
+                               zero_stage == 3 ? " and frozen (requires_grad false)" : "",
+                               "; only ZeRO-3 makes trained parameters from the meta device (one at a time). "
+                               "Build the module on the CPU, or use stage 3."));
+    }
+    if (!t.is_meta()) all_params.push_back(t);  // a meta one is broadcast once made
     if (t.requires_grad()) s.params.push_back({item.key(), t, t.sizes().vec()});
   }
+  std::vector<std::string> meta_buffers;
   for (const auto& item : module.named_buffers(true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     entries.push_back(describe("buffer", item.key(), item.value()));
     s.buffers.push_back(item.value());
+    meta_buffers.push_back(item.value().is_meta() ? item.key() : "");
+    if (item.value().is_meta() && zero_stage != 3) {
+      throw ValueError(
+          str_cat(rank_prefix(), " data_parallel: buffer '", item.key(),
+                  "' is on the meta device; only ZeRO-3 makes a module from the meta device. Build "
+                  "the module on the CPU, or use stage 3."));
+    }
   }
   // hsdp: first alike across the replicas (each shard group's rank 0 takes replica 0's values), then within
   // each shard group.
   for (const auto& g : {s.replicate, s.group}) {
+    if (g) check_same_module(g, entries);
+  }
+  for (size_t k = 0; k < s.buffers.size(); ++k) {  // made whole (and broadcast) one by one
+    if (!meta_buffers[k].empty()) s.become(s.buffers[k], s.made_whole(meta_buffers[k], s.buffers[k]));
+  }
+  for (const auto& g : {s.replicate, s.group}) {
     if (!g) continue;
-    check_same_module(g, entries);
     broadcast_coalesced(g, all_params);
     broadcast_coalesced(g, s.buffers);
   }
@@ -881,7 +980,11 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
     for (int i = static_cast<int>(s.params.size()) - 1; i >= 0; --i) order.push_back(i);
     s.layout(order);
   }
-  if (zero_stage > 0) s.shard_buckets(zero_stage == 3 ? std::make_shared<Zero3Source>(impl_) : nullptr);
+  if (zero_stage == 3) {
+    s.shard_parameters_only(std::make_shared<Zero3Source>(impl_));
+  } else if (zero_stage > 0) {
+    s.shard_buckets();
+  }
   for (size_t i = 0; i < s.params.size(); ++i) {
     torch::autograd::impl::set_post_acc_grad_hooks(s.params[i].tensor,
                                                    std::make_unique<GradReadyHook>(&s, static_cast<int>(i)));

@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ struct DataParallelOptions {
   // Slots at the end of the last bucket for reduce_with_gradients (0: none; the buckets then hold exactly
   // the gradients).
   int64_t side_values = 0;
+  // ZeRO-3 only: gives a parameter or buffer on the meta device (a module built under parallel::OnMetaDevice,
+  // never whole in memory) its values: called one tensor at a time, in registration order, on a whole
+  // tensor of the entry's shape, dtype and name; group rank 0's values are then broadcast, and a parameter is
+  // cut to this rank's shard before the next is made. Unset, a meta tensor is an error.
+  std::function<void(const std::string& name, at::Tensor& whole)> materialize;
 };
 
 // `base` with Horovod's variables applied: HOROVOD_FUSION_THRESHOLD (bytes) sets bucket_bytes.

@@ -31,6 +31,33 @@ namespace dtrain::parallel {
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> shards)>;
 
+// While alive, the tensors this thread creates are on the meta device: shapes and dtypes, no memory. A module
+// built under it (any torch::nn::Module: libtorch's own modules allocate in their constructors) goes to
+// ZeRO-3 with DataParallelOptions::materialize giving each parameter its values, one at a time, so that the
+// model is never whole on a rank (DeepSpeed's zero.Init, FSDP's meta-device initialisation):
+//
+//   models::GPT gpt{nullptr};
+//   { parallel::OnMetaDevice meta; gpt = models::GPT(cfg); }
+//   parallel::DataParallelOptions o;
+//   models::GPTInit init(cfg.seed);
+//   o.materialize = [&](const std::string& name, at::Tensor& t) { init(name, t); };
+//   parallel::Zero zero(*gpt, world, 3, make_optimizer, o);
+//
+// How: libtorch has no default device in C++, so the first OnMetaDevice puts dtrain's kernels in front of the
+// factories every tensor starts from (aten::empty and aten::empty_strided, at their device-choosing
+// BackendSelect step): while a guard is alive on the thread, a CPU (or unspecified) device becomes meta;
+// otherwise they choose as libtorch does. Nests; thread-local.
+class OnMetaDevice {
+ public:
+  OnMetaDevice();
+  ~OnMetaDevice();
+  OnMetaDevice(const OnMetaDevice&) = delete;
+  OnMetaDevice& operator=(const OnMetaDevice&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class Zero {
  public:
   // Collective over `group`, as DataParallel's constructor (module check, rank 0's weights broadcast), then
