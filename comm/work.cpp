@@ -3,6 +3,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
 #include "comm/failure_board.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -31,13 +35,33 @@ void Work::wait(std::chrono::milliseconds timeout) {
   wait_impl(std::min(info_.deadline, Clock::now() + timeout));
 }
 
+namespace {
+std::mutex g_link_mu;
+std::chrono::microseconds g_link_busy{0};  // guarded by g_link_mu
+Clock::time_point g_link_free;             // guarded by g_link_mu
+}  // namespace
+
+void set_simulated_link(std::chrono::microseconds busy) {
+  std::lock_guard<std::mutex> lock(g_link_mu);
+  g_link_busy = std::max(busy, std::chrono::microseconds(0));
+  g_link_free = Clock::time_point();
+}
+
+Clock::time_point simulated_link_slot(Clock::time_point issued) {
+  std::lock_guard<std::mutex> lock(g_link_mu);
+  if (g_link_busy.count() == 0) return issued;
+  g_link_free = std::max(issued, g_link_free) + g_link_busy;
+  return g_link_free;
+}
+
 bool Work::is_completed() {
   if (done_) return true;
   try {
-    return poll();
+    if (!poll()) return false;
   } catch (...) {
     return true;  // finished with an error; wait() reports it
   }
+  return Clock::now() >= not_before_;
 }
 
 std::exception_ptr Work::engine_error(const std::string& what,
@@ -133,6 +157,9 @@ void Work::wait_impl(Clock::time_point deadline) {
                 "collectives is just slow, raise the timeout (DTRAIN_TIMEOUT=seconds).")));
   }
   if (error_) std::rethrow_exception(error_);
+  if (Clock::now() < not_before_) {  // set_simulated_link: a slower network
+    std::this_thread::sleep_until(std::min(not_before_, info_.deadline));
+  }
   run_steps();
 }
 

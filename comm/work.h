@@ -37,10 +37,19 @@ struct OpInfo {
   std::array<int64_t, kSignatureFields> signature{};
 };
 
+// What-if and tests: a simulated link that every op issued from now on occupies for `busy`, one op after
+// another in issue order: an op completes (wait() returns, is_completed() turns true) no earlier than
+// max(its issue, the previous op's slot end) + busy, as on a slower network, the engine's own time counting
+// within it. It shows how much communication overlaps computation. 0 (the default): off. Process-wide;
+// thread-safe.
+void set_simulated_link(std::chrono::microseconds busy);
+// The end of the slot an op issued at `issued` gets on the simulated link (`issued` when it is off).
+Clock::time_point simulated_link_slot(Clock::time_point issued);
+
 // Thread-safety: a Work is used by the thread that issued it.
 class Work {
  public:
-  explicit Work(OpInfo info) : info_(std::move(info)) {}
+  explicit Work(OpInfo info) : info_(std::move(info)), not_before_(simulated_link_slot(info_.issued)) {}
   virtual ~Work() = default;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -75,6 +84,7 @@ class Work {
   std::exception_ptr engine_error(const std::string& what, const std::function<std::string()>& diagnosis);
   void run_steps();
   OpInfo info_;
+  Clock::time_point not_before_;  // set_simulated_link
   std::vector<std::function<void()>> steps_;
   bool done_ = false;
   std::exception_ptr error_;
@@ -91,6 +101,7 @@ class CompletedWork : public Work {
   bool wait_until(Clock::time_point) override { return true; }
   bool poll() override { return true; }
 };
+
 
 // "[rank r/N] all_reduce (seq 7, gloo, group world)": the head of every message about an op.
 std::string describe(const OpInfo& info);
