@@ -58,6 +58,29 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def same_weights_as_dtrain(model, seed):
+    """models::GPT's initial values (models::GPTInit): one generator seeded with `seed`, normal(0, 0.02) drawn
+    for each weight in models::GPT's registration order (wte, wpe, then per block ln1, q, k, v, proj, ln2, fc,
+    proj, then ln_f), biases 0, LayerNorm 1/0; the same libtorch draws the same numbers."""
+    order = ["wte.weight", "wpe.weight"]
+    for i in range(len(model.blocks)):
+        for m in ("ln1", "q", "k", "v", "proj", "ln2", "fc", "fc_proj"):
+            order += [f"blocks.{i}.{m}.weight", f"blocks.{i}.{m}.bias"]
+    order += ["ln_f.weight", "ln_f.bias"]
+    params = dict(model.named_parameters())
+    assert sorted(order) == sorted(params), "the parameter lists differ"
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name in order:
+            p = params[name]
+            if "ln" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
@@ -68,14 +91,28 @@ def main():
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--metrics", default="")
     ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer (optimizer state sharded) under DDP")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard on each block and the root (ZeRO-3's peer)")
+    ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the interpreter and torch
-    torch.manual_seed(1234)
+    torch.manual_seed(a.seed)
     model = GPT(256, a.seq, a.layers, a.heads, a.width)
-    ddp = nn.parallel.DistributedDataParallel(model)
+    same_weights_as_dtrain(model, a.seed)
+    if rank == 0:  # dtrain train prints the same fingerprint of its initial weights
+        print(f"initial sum of squares {sum(p.detach().double().pow(2).sum().item() for p in model.parameters()):.9g}")
+    if a.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (n,))
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh)
+        ddp = fully_shard(model, mesh=mesh)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
     if a.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

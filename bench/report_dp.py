@@ -26,7 +26,8 @@ def main(out):
     print("|---|---|---:|---:|---:|")
     for size in ("small", "medium"):
         med = {}
-        for side in ("ddp-gloo", "dtrain-gloo", "dtrain-mpi", "zero_redundancy-gloo", "zero1-gloo", "zero2-gloo"):
+        for side in ("ddp-gloo", "dtrain-gloo", "dtrain-mpi", "zero_redundancy-gloo", "zero1-gloo", "zero2-gloo",
+                     "fsdp2-gloo", "zero3-gloo", "zero3_per_block-gloo"):
             files = sorted(glob.glob(os.path.join(out, f"{side}-{size}-*.jsonl")))
             if not files:
                 continue
@@ -34,7 +35,8 @@ def main(out):
             med[side] = statistics.median(times) * 1000
             p, net = peak(files[0].replace(".jsonl", ".log"))
             mem = f"{p:.0f}" + (f" ({net:.0f} net of the interpreter)" if net is not None else "")
-            peer = "zero_redundancy-gloo" if side.startswith("zero") else "ddp-gloo"
+            peer = ("fsdp2-gloo" if side.startswith("zero3") else
+                    "zero_redundancy-gloo" if side.startswith("zero") else "ddp-gloo")
             ratio = med[side] / med[peer] if peer in med else float("nan")
             print(f"| {size} | {side} | {med[side]:.1f} | {ratio:.2f} (to {peer}) | {mem} |")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data parallel: `dtrain train --strategy dp` (Gloo, and MPI) vs PyTorch 2.13's DistributedDataParallel
-# (bench/gpt_ddp.py, Gloo, its default 25 MB buckets), and zero1/zero2 vs DDP with ZeroRedundancyOptimizer, on
-# the same GPT, 2 ranks, same launcher and thread settings,
+# (bench/gpt_ddp.py, Gloo, its default 25 MB buckets), zero1/zero2 vs DDP with ZeroRedundancyOptimizer, and
+# zero3 (its default units, and one unit per block) vs FSDP2 (fully_shard on each block and the root), on
+# the same GPT from the same initial weights, 2 ranks, same launcher and thread settings,
 # alternating sides each round, at two sizes. Prints the markdown table for bench/RESULTS.md. Build first.
 #   bash bench/run_dp_vs_ddp.sh [OUT_DIR]        (ROUNDS=3 STEPS=60 by default)
 set -euo pipefail
@@ -13,6 +14,8 @@ steps=${STEPS:-60}
 mkdir -p "$out"
 declare -A size=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 16"
                  [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16")
+# zero3 with a unit per block, as FSDP2's fully_shard per block (a block: 0.8 MB small, 3.2 MB medium)
+declare -A block=([small]=1M [medium]=4M)
 for s in small medium; do
   for r in $(seq "$rounds"); do
     # shellcheck disable=SC2086
@@ -33,6 +36,16 @@ for s in small medium; do
     # shellcheck disable=SC2086
     dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
       --strategy zero2 --metrics "$out/zero2-gloo-$s-$r.jsonl" > "$out/zero2-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${size[$s]} --steps "$steps" --fsdp \
+      --metrics "$out/fsdp2-gloo-$s-$r.jsonl" > "$out/fsdp2-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --strategy zero3 --metrics "$out/zero3-gloo-$s-$r.jsonl" > "$out/zero3-gloo-$s-$r.log" 2>&1
+    # shellcheck disable=SC2086
+    dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --strategy zero3 --bucket-bytes "${block[$s]}" --metrics "$out/zero3_per_block-gloo-$s-$r.jsonl" \
+      > "$out/zero3_per_block-gloo-$s-$r.log" 2>&1
   done
 done
 .venv/bin/python bench/report_dp.py "$out"

@@ -308,11 +308,16 @@ int train_gpt(const TrainOptions& o) {
   cfg.seed = o.seed;
   models::GPT gpt(cfg);
   int64_t n_params = 0;
-  for (const auto& p : gpt->parameters()) n_params += p.numel();
+  double sum_squares = 0;  // of the initial weights: a fingerprint a peer (bench/gpt_ddp.py) can compare
+  for (const auto& p : gpt->parameters()) {
+    n_params += p.numel();
+    sum_squares += p.detach().to(at::kDouble).pow(2).sum().item<double>();
+  }
   if (lead) {
-    std::printf("dtrain train: GPT %ld layers x %ld wide, %ld heads, %ld parameters; %s\n",
+    std::printf("dtrain train: GPT %ld layers x %ld wide, %ld heads, %ld parameters (initial sum of squares "
+                "%.9g); %s\n",
                 static_cast<long>(cfg.n_layer), static_cast<long>(cfg.n_embd), static_cast<long>(cfg.n_head),
-                static_cast<long>(n_params), corpus.source.c_str());
+                static_cast<long>(n_params), sum_squares, corpus.source.c_str());
     std::printf("dtrain train: global batch %ld x %ld tokens, %ld steps\n", static_cast<long>(o.batch),
                 static_cast<long>(cfg.block_size), static_cast<long>(o.steps));
   }
