@@ -17,12 +17,12 @@ def step_times(path):
 def peak(log):
     text = open(log).read()
     m = re.search(r"peak resident memory of rank 0: ([\d.]+) MiB", text) or re.search(r"peak_rss_mib ([\d.]+)", text)
-    net = re.search(r"net_of_interpreter_mib ([\d.]+)", text)
+    net = re.search(r"net_of_interpreter_mib ([\d.]+)", text) or re.search(r"MiB \(([\d.]+) MiB above its peak", text)
     return (float(m.group(1)) if m else float("nan")), (float(net.group(1)) if net else None)
 
 
 def main(out):
-    print("| size | side | median step (ms) | ratio to its PyTorch peer | peak RSS rank 0 (MiB) |")
+    print("| size | side | median step (ms) | ratio to its PyTorch peer | peak RSS rank 0, MiB (net of the process once connected) |")
     print("|---|---|---:|---:|---:|")
     for size in ("small", "medium"):
         med = {}
@@ -34,7 +34,7 @@ def main(out):
             times = [x for f in files for x in step_times(f)]
             med[side] = statistics.median(times) * 1000
             p, net = peak(files[0].replace(".jsonl", ".log"))
-            mem = f"{p:.0f}" + (f" ({net:.0f} net of the interpreter)" if net is not None else "")
+            mem = f"{p:.0f}" + (f" ({net:.0f} net)" if net is not None else "")
             peer = ("fsdp2-gloo" if side.startswith("zero3") else
                     "zero_redundancy-gloo" if side.startswith("zero") else "ddp-gloo")
             ratio = med[side] / med[peer] if peer in med else float("nan")

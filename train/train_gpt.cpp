@@ -86,6 +86,9 @@ class StepLog {
 };
 
 // This process's peak resident set (VmHWM), in MiB; 0 where /proc does not say.
+double g_rss_before_model_mib =
+    0;  // peak resident memory once the ranks connected, before the corpus and model
+
 double peak_rss_mib() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -163,6 +166,8 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
       log.step(step, global_loss.item<double>());
     }
   }
+  // Model state as training leaves it (before the evaluation below gathers ZeRO-3's units for its forward).
+  const parallel::ModelStateMemory state = par->memory();
   double val = 0;
   {
     at::NoGradGuard no_grad;
@@ -176,10 +181,13 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
     int64_t psi = 0;
     for (const auto& p : gpt->parameters()) psi += p.numel();
     const double mib = static_cast<double>(psi) / (1 << 20);
-    std::printf("peak resident memory of rank 0: %.1f MiB\n", peak_rss_mib());
+    std::printf(
+        "peak resident memory of rank 0: %.1f MiB (%.1f MiB above its peak before the corpus and model, "
+        "once the ranks connected)\n",
+        peak_rss_mib(), peak_rss_mib() - g_rss_before_model_mib);
     const double ns = static_cast<double>(o.shard_size > 0 ? o.shard_size : n);  // ranks sharing a copy
     std::printf("model state per rank: %s (fp32 AdamW over %ld parameters: %s = %.2f MiB)\n",
-                par->memory().to_string().c_str(), static_cast<long>(psi),
+                state.to_string().c_str(), static_cast<long>(psi),
                 zero_stage == 0   ? "16 bytes each"
                 : zero_stage == 1 ? "8 + 8/N bytes each"
                 : zero_stage == 2 ? "4 + 12/N bytes each"
@@ -279,6 +287,7 @@ int train_gpt(const TrainOptions& o) {
                                     " is not implemented yet. Use --strategy dp with --tp, or --tp 1."));
   }
   auto world = dtrain::init();
+  g_rss_before_model_mib = peak_rss_mib();
   const int64_t ws = world->group_size();
   if (o.tp < 1 || ws % o.tp != 0) {
     throw ValueError(str_cat("train: --tp ", o.tp, " does not divide the world size ", ws,
@@ -314,10 +323,11 @@ int train_gpt(const TrainOptions& o) {
     sum_squares += p.detach().to(at::kDouble).pow(2).sum().item<double>();
   }
   if (lead) {
-    std::printf("dtrain train: GPT %ld layers x %ld wide, %ld heads, %ld parameters (initial sum of squares "
-                "%.9g); %s\n",
-                static_cast<long>(cfg.n_layer), static_cast<long>(cfg.n_embd), static_cast<long>(cfg.n_head),
-                static_cast<long>(n_params), sum_squares, corpus.source.c_str());
+    std::printf(
+        "dtrain train: GPT %ld layers x %ld wide, %ld heads, %ld parameters (initial sum of squares "
+        "%.9g); %s\n",
+        static_cast<long>(cfg.n_layer), static_cast<long>(cfg.n_embd), static_cast<long>(cfg.n_head),
+        static_cast<long>(n_params), sum_squares, corpus.source.c_str());
     std::printf("dtrain train: global batch %ld x %ld tokens, %ld steps\n", static_cast<long>(o.batch),
                 static_cast<long>(cfg.block_size), static_cast<long>(o.steps));
   }
