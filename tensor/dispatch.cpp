@@ -723,8 +723,18 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
 
 // Reports whether `from`'s implementation may be copied into `self`'s (Tensor::set_data). A DTensor may
 // replace a plain tensor's contents (that is how module parameters become DTensors), since all of its state
-// travels in the copied metadata.
+// travels in the copied metadata. A ZeRO-3 parameter (on demand) is never replaced by anything else: its
+// values live in the strategy's shards, which would go on training while the module read the replacement.
 bool compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (is_on_demand(self) && !is_on_demand(from)) {
+    throw ValueError(
+        str_cat(rank_prefix(),
+                " a ZeRO-3 parameter (gathered on demand) cannot be replaced by another "
+                "tensor (",
+                from.toString(), " ", from.sizes(),
+                "), as Module::to() or Tensor::set_data() would: its values live in the strategy's "
+                "shards. Convert the module (dtype, device) before applying ZeRO-3."));
+  }
   return is_dtensor(from) || !is_dtensor(self);
 }
 

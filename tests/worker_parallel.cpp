@@ -532,6 +532,14 @@ void check_meta_init(const comm::BackendPtr& world) {
   check_true(str_cat("meta init at ", n, " ranks: the set-up peaks at ", setup_peak, " bytes, within ", bound,
                      " (shards ", shards, ", largest parameter ", largest, ", model ", model_bytes, ")"),
              setup_peak <= bound && (n == 1 || setup_peak < model_bytes));
+  std::string refused;
+  try {
+    gpt->to(at::kDouble);  // would leave the shards training while the module reads copies
+  } catch (const ValueError& e) {
+    refused = e.what();
+  }
+  check_true(str_cat("ZeRO-3: Module::to() on its parameters is refused with a message (", refused, ")"),
+             refused.find("cannot be replaced") != std::string::npos);
   auto mine = gpt->named_parameters(), theirs = ref->named_parameters();
   for (const auto& item : theirs) {
     check_equal(str_cat("meta init: ", item.key(), " as the constructor makes it"),
