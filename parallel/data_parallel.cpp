@@ -280,12 +280,20 @@ struct DataParallel::Impl {
     return alias(buckets[p.bucket].params_flat, p.offset, p.sizes);
   }
 
-  void written(int i) {
+  // An op wrote parameter i's whole value (`whole`, what acquire gave; its unit may have been let go since,
+  // by another parameter the same op read): this rank's part of it goes back into the shard.
+  void written(int i, const at::Tensor& whole) {
     std::lock_guard<std::mutex> lock(units_mu);
-    Bucket& b = buckets[params[i].bucket];
+    const Param& p = params[i];
+    Bucket& b = buckets[p.bucket];
     at::NoGradGuard no_grad;
-    if (b.params_flat.defined())
-      b.shard_param.detach().copy_(b.params_flat.narrow(0, b.start, b.counts[group->group_rank()]));
+    const int64_t numel = whole.numel(), count = b.counts[group->group_rank()];
+    const int64_t lo = std::max(p.offset, b.start), hi = std::min(p.offset + numel, b.start + count);
+    if (lo < hi) {
+      b.shard_param.detach()
+          .narrow(0, lo - b.start, hi - lo)
+          .copy_(whole.reshape({-1}).narrow(0, lo - p.offset, hi - lo));
+    }
   }
 
   void use_unit(int u) {
@@ -830,7 +838,7 @@ namespace {
 struct Zero3Source : tensor::OnDemandSource {
   explicit Zero3Source(std::shared_ptr<DataParallel::Impl> impl) : impl(std::move(impl)) {}
   at::Tensor acquire(int index) override { return impl->acquire(index); }
-  void written(int index) override { impl->written(index); }
+  void written(int index, const at::Tensor& whole) override { impl->written(index, whole); }
   std::shared_ptr<DataParallel::Impl> impl;
 };
 

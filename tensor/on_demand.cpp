@@ -106,13 +106,18 @@ at::Tensor make_on_demand(std::shared_ptr<OnDemandSource> source, int index, con
 
 bool is_on_demand(const at::Tensor& t) { return meta_of(t) != nullptr; }
 
-at::Tensor materialize(const at::Tensor& t) {
+namespace {
+
+// The whole value of an on-demand tensor with its views replayed; `acquired` (if given) receives what the
+// source gave, before the views.
+at::Tensor materialize_with(const at::Tensor& t, at::Tensor* acquired) {
   const OnDemandMeta* m = meta_of(t);
   if (m == nullptr) {
     throw ValueError(str_cat("materialize: the tensor is not an on-demand tensor (",
                              t.defined() ? t.toString() : "undefined", ")."));
   }
   at::Tensor whole = m->source->acquire(m->index);
+  if (acquired != nullptr) *acquired = whole;
   for (const ViewStep& v : m->views) {
     std::vector<c10::IValue> stack;
     stack.reserve(v.args.size() + 1);
@@ -123,6 +128,10 @@ at::Tensor materialize(const at::Tensor& t) {
   }
   return whole;
 }
+
+}  // namespace
+
+at::Tensor materialize(const at::Tensor& t) { return materialize_with(t, nullptr); }
 
 namespace detail {
 
@@ -167,16 +176,19 @@ bool handle_on_demand(const c10::OperatorHandle& op, std::vector<c10::IValue>* s
 
   // Anything else: on the whole values.
   std::vector<std::pair<size_t, at::Tensor>> written;  // (stack index, on-demand argument written)
+  std::vector<at::Tensor> written_whole;               // what the source gave for each of them
   for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t i) {
     if (meta_of(t) == nullptr) return at::Tensor();
     const auto* alias = schema.arguments()[i - base].alias_info();
-    if (alias != nullptr && alias->isWrite()) written.emplace_back(i, t);
-    return materialize(t);
+    if (alias == nullptr || !alias->isWrite()) return materialize(t);
+    written.emplace_back(i, t);
+    written_whole.emplace_back();
+    return materialize_with(t, &written_whole.back());
   });
   op.callBoxed(stack);
-  for (const auto& [i, t] : written) {
-    const OnDemandMeta* m = meta_of(t);
-    m->source->written(m->index);
+  for (size_t k = 0; k < written.size(); ++k) {
+    const OnDemandMeta* m = meta_of(written[k].second);
+    m->source->written(m->index, written_whole[k]);
   }
   const size_t n_ret = schema.returns().size();
   for (size_t r = 0; r < n_ret; ++r) {

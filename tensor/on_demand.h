@@ -32,8 +32,8 @@ class OnDemandSource {
   // The whole value of tensor `index` of this source, a plain tensor with its sizes and strides. It stays
   // valid for the op that asked (the caller holds it).
   virtual at::Tensor acquire(int index) = 0;
-  // An op wrote into what acquire(index) returned: keep the written values.
-  virtual void written(int index) = 0;
+  // An op wrote into `whole`, what acquire(index) returned for it: keep the written values.
+  virtual void written(int index, const at::Tensor& whole) = 0;
 };
 
 // An on-demand tensor for tensor `index` of `source`, with `like`'s sizes, strides and dtype (its values are

@@ -545,6 +545,16 @@ void check_meta_init(const comm::BackendPtr& world) {
     check_equal(str_cat("meta init: ", item.key(), " as the constructor makes it"),
                 materialize_copy(mine[item.key()]), item.value().detach());
   }
+  // Writes into ZeRO-3 parameters keep their values in the shards, also when the op reads a parameter of
+  // another unit (gathering it may let the written one's unit go).
+  {
+    at::NoGradGuard no_grad;
+    mine["h0.attn.q.weight"].copy_(mine["h1.mlp.proj.weight"].narrow(1, 0, 64));
+    mine["ln_f.bias"].fill_(0.5);
+  }
+  check_equal("ZeRO-3: a parameter written from another unit's", materialize_copy(mine["h0.attn.q.weight"]),
+              theirs["h1.mlp.proj.weight"].detach().narrow(1, 0, 64));
+  check_equal("ZeRO-3: a parameter filled", materialize_copy(mine["ln_f.bias"]), at::full({64}, 0.5));
 }
 
 // Peak memory while training, at 4 ranks: the same GPT (float32, AdamW), two steps under data parallel and
