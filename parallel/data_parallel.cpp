@@ -10,6 +10,7 @@
 //                   every bucket's work is waited for; each param's .grad becomes a view of its reduced
 //                   slice.
 #include "parallel/data_parallel.h"
+#include "parallel/detail/data_parallel_impl.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/strides.h>
@@ -40,9 +41,7 @@
 
 namespace dtrain::parallel {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
+namespace detail {
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -58,9 +57,6 @@ std::string describe(const char* kind, const std::string& name, const at::Tensor
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
-// The cost model's time for a bucket collective over `n` ranks, `bytes` being the whole bucket, counted in
-// bus bytes as the DTensor planner counts them; from DTRAIN_COMM_PROFILE when set, else the built-in
-// defaults. For CommLog's "predicted" beside the measured time.
 double predicted_seconds(tensor::StepKind kind, int64_t bytes, int n) {
   if (n <= 1 || bytes == 0) return 0;
   static const tensor::CostModel model = [] {
@@ -72,7 +68,6 @@ double predicted_seconds(tensor::StepKind kind, int64_t bytes, int n) {
   return model.seconds(kind, 0, kind == tensor::StepKind::kAllReduce ? b * 2 * (k - 1) / k : b * (k - 1) / k);
 }
 
-// Group rank 0's values of `tensors`, broadcast in one flat buffer per dtype.
 void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Tensor>& tensors) {
   if (group->group_size() == 1 || tensors.empty()) return;
   at::NoGradGuard no_grad;
@@ -91,634 +86,302 @@ void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Te
   }
 }
 
-}  // namespace
+}  // namespace detail
 
-struct DataParallel::Impl {
-  struct Param {
-    std::string name;
-    at::Tensor tensor;  // ZeRO-3: on demand (tensor/on_demand.h); reset when the strategy goes
-    std::vector<int64_t> sizes;
-    int bucket = -1;
-    int64_t offset = 0;  // elements into the bucket
-  };
-  struct Bucket {
-    at::Tensor flat;  // the gradients (ZeRO-2: only while a pass needs them)
-    int64_t numel = 0;
-    std::vector<int> params;
-    int pending = 0;  // params of this pass not in yet
-    comm::WorkPtr work;
-    bool reduced = false;  // this pass's reduction waited for (see complete())
-    Clock::time_point launched;
-    // ZeRO: the parameters live in `params_flat` (the module's parameters are plain tensors on its storage);
-    // this rank owns elements [start, start + counts[rank]) of the bucket: their reduced gradient
-    // (`shard_grad`) and their optimizer state, through `shard_param` (on params_flat's storage).
-    // ZeRO-3: params_flat is only there while gathered (a unit, see acquire()), shard_param has its own
-    // storage, and `gather` is the all-gather filling params_flat while in flight.
-    at::Tensor params_flat;
-    std::vector<int64_t> counts;
-    int64_t start = 0;
-    at::Tensor shard_grad, shard_param;
-    comm::WorkPtr gather;
-    Clock::time_point gather_start;
-  };
+using namespace detail;
 
-  comm::BackendPtr group;
-  // hsdp: the ranks holding the same shards in the other shard groups (null: none); each reduced shard is
-  // all-reduced over them.
-  comm::BackendPtr replicate;
-  DataParallelOptions opts;
-  int zero_stage = 0;         // 0: data parallel (all_reduce); 1, 2, 3: ZeRO (reduce_scatter to the owners)
-  std::vector<Param> params;  // registration order
-  std::vector<at::Tensor> buffers;
-  std::vector<Bucket> buckets;  // launch order
-  uint64_t fingerprint = 0;  // of the bucket layout: the agreement check covers a pass's buckets as one run
-  at::Tensor side;           // guarded by mu: reduce_with_gradients' values for the next synchronised pass
+void DataParallel::Impl::sync_buffers() {
+  if (replicate) broadcast_coalesced(replicate, buffers);
+  broadcast_coalesced(group, buffers);
+}
 
-  std::mutex mu;
-  bool sync = true;          // guarded by mu
-  bool in_pass = false;      // guarded by mu
-  int passes = 0;            // guarded by mu: completed passes with sync on
-  size_t next_launch = 0;    // guarded by mu
-  std::vector<char> ready;   // guarded by mu: per param, this pass
-  std::vector<int> arrival;  // guarded by mu: params in the order their gradients came, this pass
-  Clock::time_point pass_start, last_gradient;  // guarded by mu: this pass's first and last gradient
-  PassTimeline timeline;                        // guarded by mu: of the last completed pass
+at::Tensor DataParallel::Impl::slice(const Param& p) {
+  Bucket& b = buckets[p.bucket];
+  if (!b.flat.defined()) b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));  // ZeRO-2/3
+  return alias(b.flat, p.offset, p.sizes);
+}
 
-  // ZeRO-3's units (the buckets, whose parameters are gathered together): which are gathered, and the order
-  // they were used in, per phase (0: forward, 1: backward), for prefetching. Guarded by units_mu.
-  struct Units {
-    int phase = -1;  // of the last use; -1: none since all were released
-    int current = -1;
-    std::vector<int> seq[2];  // the first pass's uses, a unit once per run of uses
-    bool recorded[2] = {false, false};
-    int pos[2] = {-1, -1};        // where in seq the last use was
-    std::vector<char> pinned[2];  // used more than once in a phase: kept gathered through it
-    bool run_started[2] = {false, false};
-    uint64_t fingerprint[2] = {0, 0};  // of each phase's gathers, once recorded (an AgreementRun)
-  };
-  std::mutex units_mu;
-  Units units;
+at::Tensor DataParallel::Impl::alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  at::Tensor s = at::empty({0}, flat.options());
+  s.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+  return s;
+}
 
-  int64_t replicas() const { return replicate ? replicate->group_size() : 1; }
-
-  // Buffers (BatchNorm's running statistics) made group rank 0's again after a synchronised backward.
-  void sync_buffers() {
-    if (replicate) broadcast_coalesced(replicate, buffers);
-    broadcast_coalesced(group, buffers);
-  }
-
-  // The param's part of its bucket, shaped like the param. Not an autograd view but a plain tensor on the
-  // bucket's storage, so that it can be a .grad: optimizers' zero_grad() calls detach_(), which views refuse.
-  at::Tensor slice(const Param& p) {
-    Bucket& b = buckets[p.bucket];
-    if (!b.flat.defined())
-      b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));  // ZeRO-2/3
-    return alias(b.flat, p.offset, p.sizes);
-  }
-
-  static at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-    at::Tensor s = at::empty({0}, flat.options());
-    s.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-    return s;
-  }
-
-  // ZeRO-1/2: moves the parameters into one flat buffer per bucket and cuts this rank's shard of each.
-  void shard_buckets() {
-    const int64_t n = group->group_size(), me = group->group_rank();
-    at::NoGradGuard no_grad;
-    for (auto& b : buckets) {
-      const at::TensorOptions o = params[b.params.front()].tensor.options().requires_grad(false);
-      b.params_flat = at::zeros({b.numel}, o);
-      for (int i : b.params) {
-        Param& p = params[i];
-        at::Tensor home = alias(b.params_flat, p.offset, p.tensor.sizes());
-        home.copy_(p.tensor);
-        p.tensor.set_data(home);
-      }
-      b.counts.clear();
-      for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
-      b.start = split_rows(b.numel, n, me).start;
-      b.shard_grad = at::zeros({b.counts[me]}, o);
-      if (zero_stage == 1) b.shard_grad = at::Tensor();  // allocated for each reduction
-      b.shard_param = alias(b.params_flat, b.start, {b.counts[me]}).requires_grad_(true);
-      if (zero_stage == 2) b.flat = at::Tensor();
+void DataParallel::Impl::layout(const std::vector<int>& order) {
+  std::vector<std::vector<int>> groups;
+  int64_t cap = opts.first_bucket_bytes, bytes = 0;
+  for (int i : order) {
+    const Param& p = params[i];
+    const int64_t b = bytes_of(p.tensor);
+    bool fresh = groups.empty() ||
+                 params[groups.back().front()].tensor.scalar_type() != p.tensor.scalar_type() ||
+                 bytes + b > cap;
+    if (fresh) {
+      if (!groups.empty()) cap = opts.bucket_bytes;
+      groups.emplace_back();
+      bytes = 0;
     }
+    groups.back().push_back(i);
+    bytes += b;
   }
+  layout_groups(groups);
+}
 
-  // ZeRO-3: keeps only this rank's shard of each bucket, its values taken one parameter at a time in
-  // registration order (a parameter on the meta device made whole by opts.materialize first, group rank 0's
-  // values broadcast), and turns each parameter into an on-demand tensor of `source`. Peak: the shards plus
-  // one whole parameter.
-  void shard_parameters_only(const std::shared_ptr<tensor::OnDemandSource>& source) {
-    const int64_t n = group->group_size(), me = group->group_rank();
-    at::NoGradGuard no_grad;
-    for (auto& b : buckets) {
-      const at::TensorOptions o =
-          params[b.params.front()].tensor.options().device(at::kCPU).requires_grad(false);
-      b.counts.clear();
-      for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
-      b.start = split_rows(b.numel, n, me).start;
-      b.shard_param = at::zeros({b.counts[me]}, o);  // (shard_grad: made by the first reduction)
-      b.flat = at::Tensor();
-    }
-    for (size_t i = 0; i < params.size(); ++i) {
+void DataParallel::Impl::layout_groups(const std::vector<std::vector<int>>& groups) {
+  std::vector<at::Tensor> grads(params.size());
+  for (size_t i = 0; i < params.size(); ++i) grads[i] = params[i].tensor.grad();
+  std::vector<Bucket> next;
+  std::vector<int64_t> elements;
+  for (const auto& g : groups) {
+    next.emplace_back();
+    elements.push_back(0);
+    for (int i : g) {
       Param& p = params[i];
-      Bucket& b = buckets[p.bucket];
-      at::Tensor whole = p.tensor.is_meta() ? made_whole(p.name, p.tensor) : p.tensor.detach();
-      const int64_t lo = std::max(p.offset, b.start),
-                    hi = std::min(p.offset + whole.numel(), b.start + b.counts[me]);
-      if (lo < hi)
-        b.shard_param.narrow(0, lo - b.start, hi - lo)
-            .copy_(whole.reshape({-1}).narrow(0, lo - p.offset, hi - lo));
-      at::Tensor od = tensor::make_on_demand(source, static_cast<int>(i), whole);
-      become(p.tensor, od);
-    }
-    for (auto& b : buckets) b.shard_param.requires_grad_(true);
-  }
-
-  // A tensor on the meta device made whole: opts.materialize gives its values, group rank 0's are broadcast.
-  at::Tensor made_whole(const std::string& name, const at::Tensor& meta) {
-    if (!opts.materialize) {
-      throw ValueError(
-          str_cat(rank_prefix(), " zero: '", name,
-                  "' is on the meta device and DataParallelOptions::materialize is not set. Set it "
-                  "to a function giving each tensor its initial values, or build the module on the CPU."));
-    }
-    at::Tensor whole = at::empty(meta.sizes(), meta.options().device(at::kCPU).requires_grad(false));
-    opts.materialize(name, whole);
-    for (const auto& g : {replicate, group}) {
-      if (g && g->group_size() > 1) g->broadcast(whole)->wait();
-    }
-    return whole;
-  }
-
-  // Makes `t` (a module's parameter or buffer, the same tensor the module holds) be `what`. Tensor::set_data
-  // refuses a meta tensor becoming another kind, so the implementation is copied over directly then, and
-  // the autograd node cached for the old device is dropped.
-  static void become(at::Tensor& t, const at::Tensor& what) {
-    if (!t.is_meta()) {
-      t.set_data(what);
-      return;
-    }
-    t.unsafeGetTensorImpl()->shallow_copy_from(what.getIntrusivePtr());
-    if (auto* meta = torch::autograd::impl::get_autograd_meta(t)) meta->grad_accumulator_.reset();
-  }
-
-  // ZeRO-3: ---------------------------------------------------------------------------------------------
-  // A parameter's whole value for an op (OnDemandSource::acquire): its unit (bucket) gathered, or being.
-  // Policy, the same on every rank (it depends only on the order of uses, which the model code fixes):
-  // - forward and backward are phases (backward: inside the autograd engine); at each change of phase every
-  //   unit is let go, so that forward gathers each unit once and backward once again;
-  // - in the first pass the order of uses is recorded per phase; from then on, using the unit at position k
-  //   starts the all-gather of the unit at k+1 (prefetch), and every gathered unit other than these two is
-  //   let go, except units used more than once in the phase (a tied embedding, used first and last), which
-  //   stay gathered through it.
-  at::Tensor acquire(int i) {
-    std::lock_guard<std::mutex> lock(units_mu);
-    const Param& p = params[i];
-    use_unit(p.bucket);
-    return alias(buckets[p.bucket].params_flat, p.offset, p.sizes);
-  }
-
-  // An op wrote parameter i's whole value (`whole`, what acquire gave; its unit may have been let go since,
-  // by another parameter the same op read): this rank's part of it goes back into the shard.
-  void written(int i, const at::Tensor& whole) {
-    std::lock_guard<std::mutex> lock(units_mu);
-    const Param& p = params[i];
-    Bucket& b = buckets[p.bucket];
-    at::NoGradGuard no_grad;
-    const int64_t numel = whole.numel(), count = b.counts[group->group_rank()];
-    const int64_t lo = std::max(p.offset, b.start), hi = std::min(p.offset + numel, b.start + count);
-    if (lo < hi) {
-      b.shard_param.detach()
-          .narrow(0, lo - b.start, hi - lo)
-          .copy_(whole.reshape({-1}).narrow(0, lo - p.offset, hi - lo));
+      p.bucket = static_cast<int>(next.size()) - 1;
+      p.offset = elements.back();
+      next.back().params.push_back(i);
+      elements.back() += p.tensor.numel();
     }
   }
-
-  void use_unit(int u) {
-    Units& z = units;
-    const int phase = torch::autograd::get_current_graph_task_id() >= 0 ? 1 : 0;
-    if (phase != z.phase) {
-      if (z.phase >= 0) end_phase(z.phase);
-      release_units_locked();
-      z.phase = phase;
-      z.pos[phase] = -1;
-      z.run_started[phase] = false;
+  if (!next.empty()) elements.back() += opts.side_values;  // the last bucket carries the side values
+  std::string shape;
+  for (size_t k = 0; k < next.size(); ++k) {
+    next[k].numel = elements[k];
+    if (zero_stage != 3) {  // ZeRO-3 makes them during each synchronised backward
+      next[k].flat =
+          at::zeros({elements[k]}, params[next[k].params.front()].tensor.options().requires_grad(false));
     }
-    const bool recording = !z.recorded[phase];
-    std::vector<int>& seq = z.seq[phase];
-    if (u != z.current) {
-      z.current = u;
-      if (recording) {
-        seq.push_back(u);
+    shape +=
+        str_cat(c10::toString(params[next[k].params.front()].tensor.scalar_type()), ":", elements[k], ";");
+  }
+  fingerprint = fnv1a(shape) | 2;  // never 0 (no run) once shifted by the backend
+  check_same_layout(shape);
+  buckets = std::move(next);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    at::Tensor s = slice(params[i]);
+    s.copy_(grads[i]);
+    params[i].tensor.mutable_grad() = s;
+  }
+}
+
+void DataParallel::Impl::check_same_layout(const std::string& shape) {
+  const int n = group->group_size();
+  if (n == 1) return;
+  at::Tensor mine = at::full({1}, static_cast<int64_t>(fingerprint >> 1), at::kLong);
+  at::Tensor all = at::empty({n}, at::kLong);
+  group->all_gather(all, mine)->wait();
+  std::string differ;
+  int count = 0;
+  for (int r = 0; r < n; ++r) {
+    if (all.data_ptr<int64_t>()[r] == all.data_ptr<int64_t>()[0]) continue;
+    differ += str_cat(differ.empty() ? "" : ", ", r);
+    ++count;
+  }
+  if (count == 0) return;
+  throw ValueError(str_cat(rank_prefix(), " data_parallel: ", count == 1 ? "rank " : "ranks ", differ,
+                           count == 1 ? " lays" : " lay",
+                           " out other gradient buckets than rank 0 "
+                           "(this rank: ",
+                           shape,
+                           " as dtype:elements per bucket). Give every rank the same "
+                           "DataParallelOptions (bucket_bytes ",
+                           opts.bucket_bytes, ", first_bucket_bytes ", opts.first_bucket_bytes,
+                           ", side_values ", opts.side_values, " here)."));
+}
+
+void DataParallel::Impl::take(int i) {
+  const Param& p = params[i];
+  at::Tensor g = p.tensor.grad(), s = slice(p);
+  at::NoGradGuard no_grad;
+  const double scale = 1.0 / static_cast<double>(group->group_size() * replicas());
+  if (!g.defined()) {
+    s.zero_();
+  } else if (g.data_ptr() == s.data_ptr()) {
+    if (scale != 1.0) s.mul_(scale);
+  } else if (scale == 1.0) {
+    s.copy_(g);
+  } else {
+    at::mul_out(s, g, at::scalar_tensor(scale, g.options()));
+  }
+  if (zero_stage > 0) params[i].tensor.mutable_grad().reset();
+}
+
+void DataParallel::Impl::on_grad_ready(int i) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!sync) return;
+  if (!in_pass) start_pass();
+  if (ready[i]) return;
+  take(i);
+  ready[i] = 1;
+  arrival.push_back(i);
+  last_gradient = Clock::now();
+  if (--buckets[params[i].bucket].pending == 0) launch_ready();
+}
+
+void DataParallel::Impl::start_pass() {
+  in_pass = true;
+  pass_start = Clock::now();
+  ready.assign(params.size(), 0);
+  arrival.clear();
+  next_launch = 0;
+  for (auto& b : buckets) {
+    b.pending = static_cast<int>(b.params.size());
+    b.work.reset();
+    b.reduced = false;
+  }
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
+}
+
+void DataParallel::Impl::launch_ready() {
+  while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+    Bucket& b = buckets[next_launch++];
+    b.launched = Clock::now();
+    const bool first = next_launch == 1, last = next_launch == buckets.size();
+    if (last && opts.side_values > 0) {
+      at::Tensor slots = b.flat.narrow(0, b.flat.numel() - opts.side_values, opts.side_values);
+      if (side.defined()) {
+        slots.narrow(0, 0, side.numel()).copy_(side);
       } else {
-        int& pos = z.pos[phase];
-        int found = -1;
-        for (int k = pos + 1; k < static_cast<int>(seq.size()) && found < 0; ++k)
-          if (seq[k] == u) found = k;
-        for (int k = 0; k <= pos && k < static_cast<int>(seq.size()) && found < 0; ++k)
-          if (seq[k] == u) found = k;
-        if (found >= 0) pos = found;
+        slots.zero_();
       }
     }
-    ensure_gathered(u, phase);
-    int next = -1;
-    if (!recording && z.pos[phase] + 1 < static_cast<int>(seq.size()) && z.pos[phase] >= 0 &&
-        seq[z.pos[phase]] == u) {
-      next = seq[z.pos[phase] + 1];
-      if (!buckets[next].params_flat.defined()) start_gather(next, phase);
-    }
-    for (size_t w = 0; w < buckets.size(); ++w) {
-      const int k = static_cast<int>(w);
-      if (k == u || k == next || (!z.pinned[phase].empty() && z.pinned[phase][w])) continue;
-      if (buckets[w].params_flat.defined()) release_unit(k);
-    }
-  }
-
-  // The end of a phase's first pass: its order of uses is the plan from now on.
-  void end_phase(int phase) {
-    Units& z = units;
-    if (z.recorded[phase]) return;
-    z.recorded[phase] = true;
-    z.pinned[phase].assign(buckets.size(), 0);
-    std::vector<int> count(buckets.size(), 0);
-    std::string text = str_cat(fingerprint, ":", phase, ":");
-    for (int u : z.seq[phase]) {
-      if (++count[u] > 1) z.pinned[phase][u] = 1;
-      text += str_cat(u, ",");
-    }
-    z.fingerprint[phase] = fnv1a(text) | 2;
-  }
-
-  void start_gather(int u, int phase) {
-    Bucket& b = buckets[u];
-    Units& z = units;
-    comm::AgreementRun run;  // the first pass: each gather checks itself
-    if (z.recorded[phase]) {
-      run = {z.fingerprint[phase], !z.run_started[phase]};
-      z.run_started[phase] = true;
-    }
-    b.params_flat = at::empty({b.numel}, b.shard_param.options().requires_grad(false));
-    b.gather_start = Clock::now();
-    b.gather = group->all_gather_v(b.params_flat, b.shard_param.detach(), b.counts, {{}, run});
-  }
-
-  void ensure_gathered(int u, int phase) {
-    if (!buckets[u].params_flat.defined()) start_gather(u, phase);
-    finish_gather(u);
-  }
-
-  void finish_gather(int u) {
-    Bucket& b = buckets[u];
-    if (!b.gather) return;
-    tensor::CommCause cause("zero3");
-    b.gather->wait();
-    b.gather.reset();
-    tensor::CommLog::instance().record(tensor::CommRecord{
-        tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(b.shard_param),
-        predicted_seconds(tensor::StepKind::kAllGather, bytes_of(b.params_flat), group->group_size()),
-        std::chrono::duration<double>(Clock::now() - b.gather_start).count()});
-  }
-
-  void release_unit(int u) {
-    finish_gather(u);  // a prefetch in flight: its buffer must outlive it
-    buckets[u].params_flat = at::Tensor();
-  }
-
-  void release_units_locked() {
-    for (size_t u = 0; u < buckets.size(); ++u) release_unit(static_cast<int>(u));
-    units.current = -1;
-  }
-
-  // After a backward's reductions, and after the optimizer changed the shards.
-  void release_units() {
-    std::lock_guard<std::mutex> lock(units_mu);
-    if (units.phase >= 0) end_phase(units.phase);
-    units.phase = -1;
-    release_units_locked();
-  }
-
-  // ZeRO: every rank's updated shard of every bucket to every rank (one run of all_gathers). ZeRO-3 gathers
-  // nothing here: gathered units (stale now) are let go, to be gathered when next used.
-  void gather_params() {
-    if (zero_stage == 3) {
-      release_units();
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    uint64_t run = fingerprint ^ 0x9e3779b97f4a7c15ull;
-    std::vector<comm::WorkPtr> works;
-    std::vector<at::Tensor> keep;
-    std::vector<int64_t> b_bytes;  // each bucket's whole size
-    Clock::time_point t0 = Clock::now();
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      Bucket& b = buckets[k];
-      keep.push_back(b.shard_param.detach().clone());
-      b_bytes.push_back(bytes_of(b.params_flat));
-      works.push_back(group->all_gather_v(b.params_flat, keep.back(), b.counts, {{}, {run | 2, k == 0}}));
-    }
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      tensor::CommCause cause("zero");
-      works[k]->wait();
-      tensor::CommLog::instance().record(
-          tensor::CommRecord{tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(keep[k]),
-                             predicted_seconds(tensor::StepKind::kAllGather, b_bytes[k], group->group_size()),
-                             std::chrono::duration<double>(Clock::now() - t0).count()});
-    }
-  }
-
-  // Buckets in `order` (param indices): a new bucket when the dtype changes or the next param would overflow
-  // the cap (the first bucket's cap is first_bucket_bytes).
-  void layout(const std::vector<int>& order) {
-    std::vector<std::vector<int>> groups;
-    int64_t cap = opts.first_bucket_bytes, bytes = 0;
-    for (int i : order) {
-      const Param& p = params[i];
-      const int64_t b = bytes_of(p.tensor);
-      bool fresh = groups.empty() ||
-                   params[groups.back().front()].tensor.scalar_type() != p.tensor.scalar_type() ||
-                   bytes + b > cap;
-      if (fresh) {
-        if (!groups.empty()) cap = opts.bucket_bytes;
-        groups.emplace_back();
-        bytes = 0;
-      }
-      groups.back().push_back(i);
-      bytes += b;
-    }
-    layout_groups(groups);
-  }
-
-  // One bucket per group (param indices; one dtype each), in launch order. Gradients already present move
-  // into the new slices.
-  void layout_groups(const std::vector<std::vector<int>>& groups) {
-    std::vector<at::Tensor> grads(params.size());
-    for (size_t i = 0; i < params.size(); ++i) grads[i] = params[i].tensor.grad();
-    std::vector<Bucket> next;
-    std::vector<int64_t> elements;
-    for (const auto& g : groups) {
-      next.emplace_back();
-      elements.push_back(0);
-      for (int i : g) {
-        Param& p = params[i];
-        p.bucket = static_cast<int>(next.size()) - 1;
-        p.offset = elements.back();
-        next.back().params.push_back(i);
-        elements.back() += p.tensor.numel();
-      }
-    }
-    if (!next.empty()) elements.back() += opts.side_values;  // the last bucket carries the side values
-    std::string shape;
-    for (size_t k = 0; k < next.size(); ++k) {
-      next[k].numel = elements[k];
-      if (zero_stage != 3) {  // ZeRO-3 makes them during each synchronised backward
-        next[k].flat =
-            at::zeros({elements[k]}, params[next[k].params.front()].tensor.options().requires_grad(false));
-      }
-      shape +=
-          str_cat(c10::toString(params[next[k].params.front()].tensor.scalar_type()), ":", elements[k], ";");
-    }
-    fingerprint = fnv1a(shape) | 2;  // never 0 (no run) once shifted by the backend
-    check_same_layout(shape);
-    buckets = std::move(next);
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      at::Tensor s = slice(params[i]);
-      s.copy_(grads[i]);
-      params[i].tensor.mutable_grad() = s;
-    }
-  }
-
-  // Every rank must lay out the same buckets: a pass's buckets are checked as one run at the first (see
-  // AgreementRun), so the layout itself is compared here, once, naming the ranks whose buckets differ (their
-  // options differ: bucket_bytes, first_bucket_bytes, side_values).
-  void check_same_layout(const std::string& shape) {
-    const int n = group->group_size();
-    if (n == 1) return;
-    at::Tensor mine = at::full({1}, static_cast<int64_t>(fingerprint >> 1), at::kLong);
-    at::Tensor all = at::empty({n}, at::kLong);
-    group->all_gather(all, mine)->wait();
-    std::string differ;
-    int count = 0;
-    for (int r = 0; r < n; ++r) {
-      if (all.data_ptr<int64_t>()[r] == all.data_ptr<int64_t>()[0]) continue;
-      differ += str_cat(differ.empty() ? "" : ", ", r);
-      ++count;
-    }
-    if (count == 0) return;
-    throw ValueError(str_cat(rank_prefix(), " data_parallel: ", count == 1 ? "rank " : "ranks ", differ,
-                             count == 1 ? " lays" : " lay",
-                             " out other gradient buckets than rank 0 "
-                             "(this rank: ",
-                             shape,
-                             " as dtype:elements per bucket). Give every rank the same "
-                             "DataParallelOptions (bucket_bytes ",
-                             opts.bucket_bytes, ", first_bucket_bytes ", opts.first_bucket_bytes,
-                             ", side_values ", opts.side_values, " here)."));
-  }
-
-  // Puts param i's gradient into its bucket slice, divided by the group size on the way (the buckets are then
-  // summed: the average without a pass of its own after the reduction, as DDP's pre-division). ZeRO drops the
-  // param's own .grad: its shard lives on in the bucket.
-  void take(int i) {
-    const Param& p = params[i];
-    at::Tensor g = p.tensor.grad(), s = slice(p);
-    at::NoGradGuard no_grad;
-    const double scale = 1.0 / static_cast<double>(group->group_size() * replicas());
-    if (!g.defined()) {
-      s.zero_();
-    } else if (g.data_ptr() == s.data_ptr()) {
-      if (scale != 1.0) s.mul_(scale);
-    } else if (scale == 1.0) {
-      s.copy_(g);
-    } else {
-      at::mul_out(s, g, at::scalar_tensor(scale, g.options()));
-    }
-    if (zero_stage > 0) params[i].tensor.mutable_grad().reset();
-  }
-
-  void on_grad_ready(int i) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!sync) return;
-    if (!in_pass) start_pass();
-    if (ready[i]) return;
-    take(i);
-    ready[i] = 1;
-    arrival.push_back(i);
-    last_gradient = Clock::now();
-    if (--buckets[params[i].bucket].pending == 0) launch_ready();
-  }
-
-  void start_pass() {
-    in_pass = true;
-    pass_start = Clock::now();
-    ready.assign(params.size(), 0);
-    arrival.clear();
-    next_launch = 0;
-    for (auto& b : buckets) {
-      b.pending = static_cast<int>(b.params.size());
-      b.work.reset();
-      b.reduced = false;
-    }
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
-  }
-
-  void launch_ready() {
-    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      Bucket& b = buckets[next_launch++];
-      b.launched = Clock::now();
-      const bool first = next_launch == 1, last = next_launch == buckets.size();
-      if (last && opts.side_values > 0) {
-        at::Tensor slots = b.flat.narrow(0, b.flat.numel() - opts.side_values, opts.side_values);
-        if (side.defined()) {
-          slots.narrow(0, 0, side.numel()).copy_(side);
-        } else {
-          slots.zero_();
-        }
-      }
-      if (zero_stage > 0) {
-        if (!b.shard_grad.defined())
-          b.shard_grad = at::zeros({b.counts[group->group_rank()]}, b.flat.options());
-        b.work = group->reduce_scatter_v(b.shard_grad, b.flat, b.counts,
-                                         {comm::ReduceOp::kSum, {}, {fingerprint, first}});
-      } else {
-        b.work = group->all_reduce(b.flat, {comm::ReduceOp::kSum, {}, {fingerprint, first}});
-      }
-    }
-    // ZeRO-2/3: a full bucket goes as soon as its reduction is done (checked in bucket order), and at most
-    // kMaxInFlight are awaiting theirs (the oldest is waited for), so that backward holds a few at once, not
-    // every gradient.
-    if (zero_stage >= 2) {
-      constexpr size_t kMaxInFlight = 2;
-      size_t in_flight = 0;
-      for (size_t k = 0; k < next_launch; ++k) in_flight += buckets[k].reduced ? 0 : 1;
-      for (size_t k = 0; k < next_launch; ++k) {
-        if (buckets[k].reduced) continue;
-        if (in_flight <= kMaxInFlight && !buckets[k].work->is_completed()) break;
-        complete(buckets[k]);
-        --in_flight;
-      }
-    }
-  }
-
-  // Waits for a bucket's reduction (recording it in CommLog); ZeRO-2/3 then let the full bucket go; hsdp
-  // all-reduces the reduced shard over the replicas. Called in bucket order.
-  void complete(Bucket& b) {
-    if (b.reduced) return;
-    {
-      tensor::CommCause cause(zero_stage > 0 ? "zero" : "data_parallel");
-      b.work->wait();
-      const tensor::StepKind kind =
-          zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce;
-      tensor::CommLog::instance().record(
-          tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
-                             predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
-                             std::chrono::duration<double>(Clock::now() - b.launched).count()});
-    }
-    b.reduced = true;
-    b.work.reset();  // it holds the collective's buffers (Gloo's padded copy of the bucket)
-    if (zero_stage >= 2) b.flat = at::Tensor();
-    if (replicas() > 1) {  // hsdp: the shard summed over the shard groups
-      b.launched = Clock::now();
-      b.work = replicate->all_reduce(
-          b.shard_grad, {comm::ReduceOp::kSum, {}, {fingerprint ^ 0x5bd1e995ull, &b == &buckets.front()}});
-    }
-  }
-
-  void finish_pass() {
-    std::lock_guard<std::mutex> lock(mu);
-    in_pass = false;
-    std::vector<int> unused;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!ready[i]) unused.push_back(static_cast<int>(i));
-    }
-    if (!unused.empty() && !opts.allow_unused) {
-      std::string names;
-      for (size_t k = 0; k < unused.size() && k < 8; ++k) {
-        names += str_cat(k == 0 ? "" : ", ", params[unused[k]].name);
-      }
-      if (unused.size() > 8) names += str_cat(", ... (", unused.size(), " of ", params.size(), ")");
-      throw ValueError(
-          str_cat(rank_prefix(),
-                  " data_parallel: these parameters received no gradient in this "
-                  "backward: ",
-                  names,
-                  ". They took no part in computing the loss, so the ranks "
-                  "cannot reduce their gradients. Set DataParallelOptions::allow_unused (DDP's "
-                  "find_unused_parameters) if that is intended, or leave them out of the module."));
-    }
-    {
-      at::NoGradGuard no_grad;
-      for (int i : unused) {
-        take(i);  // its .grad if it has one (accumulated earlier), else zeros
-        if (--buckets[params[i].bucket].pending == 0) launch_ready();
-      }
-    }
-    auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - pass_start).count(); };
-    timeline = PassTimeline{};
-    for (const auto& b : buckets) timeline.bucket_launch_s.push_back(since(b.launched));
-    timeline.last_gradient_s = since(last_gradient);
-    for (auto& b : buckets) complete(b);
-    if (replicas() > 1) {
-      for (auto& b : buckets) {
-        tensor::CommCause cause("hsdp");
-        b.work->wait();
-        tensor::CommLog::instance().record(tensor::CommRecord{
-            tensor::CommCause::current(), tensor::StepKind::kAllReduce, 0, bytes_of(b.shard_grad),
-            predicted_seconds(tensor::StepKind::kAllReduce, bytes_of(b.shard_grad), replicas()),
-            std::chrono::duration<double>(Clock::now() - b.launched).count()});
-      }
-    }
-    timeline.end_s = since(Clock::now());
     if (zero_stage > 0) {
-      // The reduced shard is the optimizer's gradient. ZeRO-1 keeps it in its place in the full bucket (the
-      // reduce-scatter's output buffer goes), ZeRO-2 keeps only it (the full bucket goes).
-      at::NoGradGuard no_grad;
-      for (auto& b : buckets) {
-        if (zero_stage == 1) {
-          at::Tensor own = alias(b.flat, b.start, {b.shard_grad.numel()});
-          own.copy_(b.shard_grad);
-          b.shard_param.mutable_grad() = own;
-          b.shard_grad = at::Tensor();
-        } else {
-          b.shard_param.mutable_grad() = b.shard_grad;
-          b.flat = at::Tensor();
-        }
-      }
-      if (zero_stage == 3) release_units();
-      ++passes;
-      sync_buffers();
-      return;
+      if (!b.shard_grad.defined())
+        b.shard_grad = at::zeros({b.counts[group->group_rank()]}, b.flat.options());
+      b.work = group->reduce_scatter_v(b.shard_grad, b.flat, b.counts,
+                                       {comm::ReduceOp::kSum, {}, {fingerprint, first}});
+    } else {
+      b.work = group->all_reduce(b.flat, {comm::ReduceOp::kSum, {}, {fingerprint, first}});
     }
-    for (Param& p : params) {
-      at::Tensor s = slice(p);
-      if (!p.tensor.grad().defined() || p.tensor.grad().data_ptr() != s.data_ptr())
-        p.tensor.mutable_grad() = s;
-    }
-    if (side.defined()) {
-      const at::Tensor& last = buckets.back().flat;
-      side.copy_(last.narrow(0, last.numel() - opts.side_values, side.numel()));
-      side = at::Tensor();
-    }
-    if (++passes == 1 && opts.rebuild_buckets && params.size() > 1) rebuild();
-    sync_buffers();
   }
+  // ZeRO-2/3: a full bucket goes as soon as its reduction is done (checked in bucket order), and at most
+  // kMaxInFlight are awaiting theirs (the oldest is waited for), so that backward holds a few at once, not
+  // every gradient.
+  if (zero_stage >= 2) {
+    constexpr size_t kMaxInFlight = 2;
+    size_t in_flight = 0;
+    for (size_t k = 0; k < next_launch; ++k) in_flight += buckets[k].reduced ? 0 : 1;
+    for (size_t k = 0; k < next_launch; ++k) {
+      if (buckets[k].reduced) continue;
+      if (in_flight <= kMaxInFlight && !buckets[k].work->is_completed()) break;
+      complete(buckets[k]);
+      --in_flight;
+    }
+  }
+}
 
-  // The first pass's arrival order (group rank 0's, so that every rank lays out the same buckets), the params
-  // that got none last.
-  void rebuild() {
-    std::vector<int> order = arrival;
-    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
-      if (!ready[i]) order.push_back(i);
-    }
-    at::Tensor t = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong);
-    if (group->group_size() > 1) group->broadcast(t)->wait();
-    std::vector<int> agreed(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-    layout(agreed);
+void DataParallel::Impl::complete(Bucket& b) {
+  if (b.reduced) return;
+  {
+    tensor::CommCause cause(zero_stage > 0 ? "zero" : "data_parallel");
+    b.work->wait();
+    const tensor::StepKind kind =
+        zero_stage > 0 ? tensor::StepKind::kReduceScatter : tensor::StepKind::kAllReduce;
+    tensor::CommLog::instance().record(
+        tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
+                           predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
+                           std::chrono::duration<double>(Clock::now() - b.launched).count()});
   }
-};
+  b.reduced = true;
+  b.work.reset();  // it holds the collective's buffers (Gloo's padded copy of the bucket)
+  if (zero_stage >= 2) b.flat = at::Tensor();
+  if (replicas() > 1) {  // hsdp: the shard summed over the shard groups
+    b.launched = Clock::now();
+    b.work = replicate->all_reduce(
+        b.shard_grad, {comm::ReduceOp::kSum, {}, {fingerprint ^ 0x5bd1e995ull, &b == &buckets.front()}});
+  }
+}
+
+void DataParallel::Impl::finish_pass() {
+  std::lock_guard<std::mutex> lock(mu);
+  in_pass = false;
+  std::vector<int> unused;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!ready[i]) unused.push_back(static_cast<int>(i));
+  }
+  if (!unused.empty() && !opts.allow_unused) {
+    std::string names;
+    for (size_t k = 0; k < unused.size() && k < 8; ++k) {
+      names += str_cat(k == 0 ? "" : ", ", params[unused[k]].name);
+    }
+    if (unused.size() > 8) names += str_cat(", ... (", unused.size(), " of ", params.size(), ")");
+    throw ValueError(
+        str_cat(rank_prefix(),
+                " data_parallel: these parameters received no gradient in this "
+                "backward: ",
+                names,
+                ". They took no part in computing the loss, so the ranks "
+                "cannot reduce their gradients. Set DataParallelOptions::allow_unused (DDP's "
+                "find_unused_parameters) if that is intended, or leave them out of the module."));
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (int i : unused) {
+      take(i);  // its .grad if it has one (accumulated earlier), else zeros
+      if (--buckets[params[i].bucket].pending == 0) launch_ready();
+    }
+  }
+  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - pass_start).count(); };
+  timeline = PassTimeline{};
+  for (const auto& b : buckets) timeline.bucket_launch_s.push_back(since(b.launched));
+  timeline.last_gradient_s = since(last_gradient);
+  for (auto& b : buckets) complete(b);
+  if (replicas() > 1) {
+    for (auto& b : buckets) {
+      tensor::CommCause cause("hsdp");
+      b.work->wait();
+      tensor::CommLog::instance().record(tensor::CommRecord{
+          tensor::CommCause::current(), tensor::StepKind::kAllReduce, 0, bytes_of(b.shard_grad),
+          predicted_seconds(tensor::StepKind::kAllReduce, bytes_of(b.shard_grad), replicas()),
+          std::chrono::duration<double>(Clock::now() - b.launched).count()});
+    }
+  }
+  timeline.end_s = since(Clock::now());
+  if (zero_stage > 0) {
+    // The reduced shard is the optimizer's gradient. ZeRO-1 keeps it in its place in the full bucket (the
+    // reduce-scatter's output buffer goes), ZeRO-2 keeps only it (the full bucket goes).
+    at::NoGradGuard no_grad;
+    for (auto& b : buckets) {
+      if (zero_stage == 1) {
+        at::Tensor own = alias(b.flat, b.start, {b.shard_grad.numel()});
+        own.copy_(b.shard_grad);
+        b.shard_param.mutable_grad() = own;
+        b.shard_grad = at::Tensor();
+      } else {
+        b.shard_param.mutable_grad() = b.shard_grad;
+        b.flat = at::Tensor();
+      }
+    }
+    if (zero_stage == 3) release_units();
+    ++passes;
+    sync_buffers();
+    return;
+  }
+  for (Param& p : params) {
+    at::Tensor s = slice(p);
+    if (!p.tensor.grad().defined() || p.tensor.grad().data_ptr() != s.data_ptr()) p.tensor.mutable_grad() = s;
+  }
+  if (side.defined()) {
+    const at::Tensor& last = buckets.back().flat;
+    side.copy_(last.narrow(0, last.numel() - opts.side_values, side.numel()));
+    side = at::Tensor();
+  }
+  if (++passes == 1 && opts.rebuild_buckets && params.size() > 1) rebuild();
+  sync_buffers();
+}
+
+void DataParallel::Impl::rebuild() {
+  std::vector<int> order = arrival;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    if (!ready[i]) order.push_back(i);
+  }
+  at::Tensor t = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong);
+  if (group->group_size() > 1) group->broadcast(t)->wait();
+  std::vector<int> agreed(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  layout(agreed);
+}
 
 namespace {
 
@@ -833,48 +496,6 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   return total;
 }
 
-namespace {
-
-struct Zero3Source : tensor::OnDemandSource {
-  explicit Zero3Source(std::shared_ptr<DataParallel::Impl> impl) : impl(std::move(impl)) {}
-  at::Tensor acquire(int index) override { return impl->acquire(index); }
-  void written(int index, const at::Tensor& whole) override { impl->written(index, whole); }
-  std::shared_ptr<DataParallel::Impl> impl;
-};
-
-// ZeRO-3's units, in registration order: whole submodules where they fit in `cap` bytes (a module that does
-// not fit gives its own parameters as one piece and its children their own), consecutive pieces of one dtype
-// merged while they fit, as FSDP's size-based wrapping does. `index` maps a parameter's qualified name to
-// its index in `params` (parameters not there, frozen or registered twice, are skipped).
-void unit_pieces(const torch::nn::Module& m, const std::string& prefix,
-                 const std::map<std::string, int>& index, const std::vector<int64_t>& bytes, int64_t cap,
-                 std::vector<std::vector<int>>& out) {
-  std::vector<int> all;
-  int64_t total = 0;
-  for (const auto& item : m.named_parameters(true)) {
-    auto it = index.find(prefix + item.key());
-    if (it == index.end()) continue;
-    all.push_back(it->second);
-    total += bytes[it->second];
-  }
-  if (all.empty()) return;
-  if (total <= cap) {
-    out.push_back(all);
-    return;
-  }
-  std::vector<int> own;
-  for (const auto& item : m.named_parameters(false)) {
-    auto it = index.find(prefix + item.key());
-    if (it != index.end()) own.push_back(it->second);
-  }
-  if (!own.empty()) out.push_back(own);
-  for (const auto& child : m.named_children()) {
-    unit_pieces(*child.value(), prefix + child.key() + ".", index, bytes, cap, out);
-  }
-}
-
-}  // namespace
-
 DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts)
     : DataParallel(module, std::move(group), opts, 0, nullptr) {}
 
@@ -949,47 +570,14 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
     broadcast_coalesced(g, s.buffers);
   }
   if (zero_stage == 3) {
-    // Units in registration order (roughly forward's order of use); buckets in launch order, the reverse.
-    std::map<std::string, int> index;
-    std::vector<int64_t> bytes;
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      index[s.params[i].name] = static_cast<int>(i);
-      bytes.push_back(bytes_of(s.params[i].tensor));
-    }
-    std::vector<std::vector<int>> pieces, units;
-    unit_pieces(module, "", index, bytes, opts.bucket_bytes, pieces);
-    int64_t unit_bytes = 0;
-    for (auto& piece : pieces) {
-      int64_t b = 0;
-      for (int i : piece) b += bytes[i];
-      const auto dtype = [&](int i) { return s.params[i].tensor.scalar_type(); };
-      bool split_dtype =
-          std::any_of(piece.begin(), piece.end(), [&](int i) { return dtype(i) != dtype(piece[0]); });
-      if (split_dtype) {  // a piece of several dtypes: one unit per dtype
-        std::map<at::ScalarType, std::vector<int>> by;
-        for (int i : piece) by[dtype(i)].push_back(i);
-        for (auto& [d, v] : by) units.push_back(v);
-        unit_bytes = opts.bucket_bytes;  // nothing merges into them
-        continue;
-      }
-      if (!units.empty() && unit_bytes + b <= opts.bucket_bytes &&
-          dtype(units.back()[0]) == dtype(piece[0])) {
-        units.back().insert(units.back().end(), piece.begin(), piece.end());
-        unit_bytes += b;
-      } else {
-        units.push_back(piece);
-        unit_bytes = b;
-      }
-    }
-    std::reverse(units.begin(), units.end());
-    s.layout_groups(units);
+    s.layout_units(module);
   } else {
     std::vector<int> order;  // gradients come roughly in reverse registration order
     for (int i = static_cast<int>(s.params.size()) - 1; i >= 0; --i) order.push_back(i);
     s.layout(order);
   }
   if (zero_stage == 3) {
-    s.shard_parameters_only(std::make_shared<Zero3Source>(impl_));
+    s.shard_parameters_only(Impl::make_source(impl_));
   } else if (zero_stage > 0) {
     s.shard_buckets();
   }
