@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -37,20 +38,23 @@ void Work::wait(std::chrono::milliseconds timeout) {
 
 namespace {
 std::mutex g_link_mu;
-std::chrono::microseconds g_link_busy{0};  // guarded by g_link_mu
-Clock::time_point g_link_free;             // guarded by g_link_mu
+std::atomic<int64_t> g_link_busy_us{
+    0};                         // written under g_link_mu; read without it (off: every op's fast path)
+Clock::time_point g_link_free;  // guarded by g_link_mu
 }  // namespace
 
 void set_simulated_link(std::chrono::microseconds busy) {
   std::lock_guard<std::mutex> lock(g_link_mu);
-  g_link_busy = std::max(busy, std::chrono::microseconds(0));
+  g_link_busy_us = std::max<int64_t>(busy.count(), 0);
   g_link_free = Clock::time_point();
 }
 
 Clock::time_point simulated_link_slot(Clock::time_point issued) {
+  if (g_link_busy_us.load(std::memory_order_relaxed) == 0) return issued;
   std::lock_guard<std::mutex> lock(g_link_mu);
-  if (g_link_busy.count() == 0) return issued;
-  g_link_free = std::max(issued, g_link_free) + g_link_busy;
+  const std::chrono::microseconds busy(g_link_busy_us.load());
+  if (busy.count() == 0) return issued;
+  g_link_free = std::max(issued, g_link_free) + busy;
   return g_link_free;
 }
 

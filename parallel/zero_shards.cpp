@@ -140,11 +140,7 @@ void DataParallel::Impl::shard_parameters_only(const std::shared_ptr<tensor::OnD
     Param& p = params[i];
     Bucket& b = buckets[p.bucket];
     at::Tensor whole = p.tensor.is_meta() ? made_whole(p.name, p.tensor) : p.tensor.detach();
-    const int64_t lo = std::max(p.offset, b.start),
-                  hi = std::min(p.offset + whole.numel(), b.start + b.counts[me]);
-    if (lo < hi)
-      b.shard_param.narrow(0, lo - b.start, hi - lo)
-          .copy_(whole.reshape({-1}).narrow(0, lo - p.offset, hi - lo));
+    keep_own_part(static_cast<int>(i), whole);
     at::Tensor od = tensor::make_on_demand(source, static_cast<int>(i), whole);
     become(p.tensor, od);
   }
@@ -184,11 +180,15 @@ at::Tensor DataParallel::Impl::acquire(int i) {
 
 void DataParallel::Impl::written(int i, const at::Tensor& whole) {
   std::lock_guard<std::mutex> lock(units_mu);
+  keep_own_part(i, whole);
+}
+
+void DataParallel::Impl::keep_own_part(int i, const at::Tensor& whole) {
   const Param& p = params[i];
   Bucket& b = buckets[p.bucket];
   at::NoGradGuard no_grad;
-  const int64_t numel = whole.numel(), count = b.counts[group->group_rank()];
-  const int64_t lo = std::max(p.offset, b.start), hi = std::min(p.offset + numel, b.start + count);
+  const int64_t count = b.counts[group->group_rank()];
+  const int64_t lo = std::max(p.offset, b.start), hi = std::min(p.offset + whole.numel(), b.start + count);
   if (lo < hi) {
     b.shard_param.detach()
         .narrow(0, lo - b.start, hi - lo)

@@ -151,6 +151,8 @@ struct DataParallel::Impl {
   // ZeRO (parallel/zero_shards.cpp) -------------------------------------------------------------------------
   // ZeRO-3: the source the parameters gather through (it keeps `self` alive).
   static std::shared_ptr<tensor::OnDemandSource> make_source(std::shared_ptr<Impl> self);
+  // ZeRO-3: copies this rank's part of parameter i's whole value `whole` into its bucket's shard.
+  void keep_own_part(int i, const at::Tensor& whole);
   // ZeRO-3: lays the buckets out as units of whole submodules (see unit_pieces in zero_shards.cpp).
   void layout_units(const torch::nn::Module& module);
 
