@@ -27,7 +27,8 @@ void GPTConfig::validate() const {
   }
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head(c.n_head), dropout(c.dropout) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
+    : n_head(c.n_head), head_dim(c.n_embd / c.n_head), dropout(c.dropout) {
   // Separate q, k and v projections (rather than one fused [3C, C]) so that each can be column-sharded by
   // heads on its own.
   q = register_module("q", torch::nn::Linear(c.n_embd, c.n_embd));
@@ -38,11 +39,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head(c.
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head;
-  auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head, hd}).transpose(1, 2); };
+  // Shapes come from the projections, not from x or the configuration, so that the block runs unchanged
+  // under tensor parallelism (q, k and v give this rank's heads) and sequence parallelism (x holds part of
+  // the sequence, the projections all of it).
+  auto heads = [&](const at::Tensor& t) {
+    return t.view({t.size(0), t.size(1), t.size(2) / head_dim, head_dim}).transpose(1, 2);
+  };
   at::Tensor y = at::scaled_dot_product_attention(heads(q(x)), heads(k(x)), heads(v(x)), std::nullopt,
                                                   is_training() ? dropout : 0.0, /*is_causal=*/true);
-  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  // [B, H, T, hd] -> [B, T, H * hd]
+  y = y.transpose(1, 2).contiguous();
+  y = y.view({y.size(0), y.size(1), y.size(2) * head_dim});
   return resid_drop(proj(y));
 }
 
@@ -93,13 +100,6 @@ void GPTInit::operator()(const std::string& name, at::Tensor& t) {
   }
 }
 
-MegatronSplit megatron_split(const std::string& name) {
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has(".attn.q.") || has(".attn.k.") || has(".attn.v.") || has(".mlp.fc.")) return MegatronSplit::kRows;
-  if ((has(".attn.proj.") || has(".mlp.proj.")) && has("weight")) return MegatronSplit::kColumns;
-  return MegatronSplit::kWhole;
-}
-
 at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   const int64_t T = idx.size(1);
   if (T > config.block_size) {
@@ -114,7 +114,8 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
   at::Tensor logits = forward(idx);
-  return torch::nn::functional::cross_entropy(logits.view({-1, config.vocab_size}), targets.view({-1}));
+  // (the logits' own last size: under a loss-parallel plan each rank holds its part of the vocabulary)
+  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets.view({-1}));
 }
 
 }  // namespace dtrain::models

@@ -33,7 +33,8 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTConfig& c);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
 
-  int64_t n_head;
+  int64_t n_head;    // of the whole model (a tensor-parallel rank holds some of them)
+  int64_t head_dim;  // n_embd / n_head
   double dropout;
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, proj{nullptr};
   torch::nn::Dropout resid_drop{nullptr};
@@ -58,13 +59,6 @@ struct BlockImpl : torch::nn::Module {
   MLP mlp{nullptr};
 };
 TORCH_MODULE(Block);
-
-// How a parameter of the GPT (by its qualified name, "h0.attn.q.weight") splits under Megatron tensor
-// parallelism: q, k, v and the MLP's fc split their output features (column parallel: weight rows and bias),
-// the two output projections their input features (row parallel: weight columns; their bias stays whole);
-// everything else (embeddings, LayerNorms) stays whole.
-enum class MegatronSplit { kWhole, kRows, kColumns };
-MegatronSplit megatron_split(const std::string& param_name);
 
 // The GPT's initial values (see GPTConfig::seed), one parameter at a time, in registration order
 // (named_parameters()): the constructor applies it to every parameter; a model built on the meta device for

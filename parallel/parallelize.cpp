@@ -22,11 +22,21 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
                              " data-parallel ranks into several groups (got ", c.shard_size,
                              "). Use e.g. shard_size ", std::max<int64_t>(1, world_size / c.tp / 2), "."));
   }
-  if (c.tp > 1) {
+  if (c.tp > 1 && c.tp_plan.styles.empty()) {
+    throw ValueError(str_cat("parallelize: tp ", c.tp,
+                             " needs a plan (ParallelConfig::tp_plan): which modules take which style."));
+  }
+  if (c.tp > 1 && s == Strategy::kHybridShard) {
     throw NotSupportedError(
-        str_cat("parallelize: tp ", c.tp,
-                " is not implemented in parallelize() yet (dtrain train --tp runs the GPT's "
-                "Megatron layout through DTensor). Use tp 1."));
+        str_cat("parallelize: hsdp with tp ", c.tp,
+                " is not built (2-d is one data-parallel axis × tp). Use zero3 with tp."));
+  }
+  if (c.tp > 1 && c.tp_plan.sequence_parallel && s != Strategy::kDataParallel) {
+    throw NotSupportedError(
+        str_cat("parallelize: sequence parallel with ", to_string(s),
+                " is not built: its whole parameters' gradients are summed over the tp "
+                "group after backward, where only dp keeps whole gradients. Use strategy dp, "
+                "or turn sequence parallel off."));
   }
   return s;
 }
@@ -34,7 +44,14 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
 Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
                            const OptimizerFactory& make)
     : strategy_(validate_parallel_config(config, world->group_size())) {
-  // The fixed order: tensor parallel (not built), activation checkpointing (not built), ZeRO, data parallel.
+  // The fixed order: tensor parallel, activation checkpointing (not built), ZeRO, data parallel.
+  if (config.tp > 1) {
+    const int64_t n = world->group_size();
+    mesh_ = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / config.tp, config.tp},
+                                               std::vector<std::string>{"dp", "tp"});
+    tp_ = std::make_unique<TensorParallel>(module, mesh_->axis_group("tp"), config.tp_plan);
+    world = mesh_->axis_group("dp");  // the strategy below runs over the data-parallel axis
+  }
   if (strategy_ == Strategy::kHybridShard) {
     // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
     // rule), a replica group the ranks at the same place in each
@@ -51,7 +68,10 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
     zero_ = std::make_unique<Zero>(module, std::move(world), stage, make, config.buckets);
     return;
   }
-  dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);
+  // (tensor parallel alone, one data-parallel rank: nothing to reduce)
+  if (!(tp_ && world->group_size() == 1)) {
+    dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);
+  }
   optimizer_ = make(module.parameters());
   if (!optimizer_) throw ValueError("parallelize: the optimizer factory returned no optimizer.");
 }
@@ -59,6 +79,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
 void Parallelized::zero_grad() { zero_ ? zero_->zero_grad() : optimizer_->zero_grad(); }
 
 void Parallelized::step() {
+  if (tp_) tp_->finish_gradients();
   if (zero_) {
     zero_->step();
   } else {
@@ -67,16 +88,29 @@ void Parallelized::step() {
 }
 
 void Parallelized::set_requires_gradient_sync(bool sync) {
-  zero_ ? zero_->set_requires_gradient_sync(sync) : dp_->set_requires_gradient_sync(sync);
+  if (zero_) zero_->set_requires_gradient_sync(sync);
+  if (dp_) dp_->set_requires_gradient_sync(sync);
 }
 
 ModelStateMemory Parallelized::memory() const {
-  return zero_ ? zero_->memory() : dp_->memory(optimizer_.get());
+  if (zero_) return zero_->memory();
+  if (dp_) return dp_->memory(optimizer_.get());
+  ModelStateMemory m;  // tensor parallel alone: this rank's parts, their gradients and optimizer state
+  for (const auto& group : optimizer_->param_groups()) {
+    for (const auto& p : group.params()) {
+      m.parameters += p.numel() * p.element_size();
+      if (p.grad().defined()) m.gradients += p.grad().numel() * p.grad().element_size();
+    }
+  }
+  m.optimizer_state = optimizer_state_bytes(*optimizer_);
+  return m;
 }
 
 torch::optim::Optimizer& Parallelized::optimizer() { return zero_ ? zero_->optimizer() : *optimizer_; }
 
-size_t Parallelized::bucket_count() const { return zero_ ? zero_->buckets().size() : dp_->buckets().size(); }
+size_t Parallelized::bucket_count() const {
+  return zero_ ? zero_->buckets().size() : dp_ ? dp_->buckets().size() : 0;
+}
 
 std::unique_ptr<Parallelized> parallelize(torch::nn::Module& module, comm::BackendPtr world,
                                           const ParallelConfig& config, const OptimizerFactory& make) {

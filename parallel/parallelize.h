@@ -1,14 +1,17 @@
 // parallelize(): one entry point that applies a whole parallel configuration to a user's module, in one
 // fixed, documented order (DESIGN §2: tensor parallel, then activation checkpointing, then ZeRO/FSDP, then
-// data parallel), validating every degree up front. Built today: the data-parallel strategies (dp, zero1,
-// zero2, zero3 over the whole group; hsdp: zero3 within groups of shard_size consecutive ranks, replicated
-// across the groups, on a [replicas, shard_size] mesh); tp > 1 is refused with a message saying so.
+// data parallel), validating every degree up front. The data-parallel strategies (dp, zero1, zero2, zero3
+// over the whole group; hsdp: zero3 within groups of shard_size consecutive ranks, replicated across the
+// groups, on a [replicas, shard_size] mesh); with tp > 1, a [dp, tp] mesh (tp consecutive ranks form a
+// tensor-parallel group): the plan's styles over the tp axis (parallel/tensor_parallel.h), then the strategy
+// (dp, zero1-3) over the dp axis.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "parallel/strategy.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 
 namespace dtrain::mesh {
@@ -20,6 +23,7 @@ namespace dtrain::parallel {
 struct ParallelConfig {
   std::string strategy = "dp";  // parse_strategy's names
   int64_t tp = 1;               // tensor-parallel degree
+  TensorParallelPlan tp_plan;   // tp > 1: the styles
   int64_t shard_size = 0;       // hsdp: ranks per ZeRO-3 group (0: not set)
   DataParallelOptions buckets;  // bucket sizes, allow_unused, ...
 };
@@ -43,19 +47,26 @@ class Parallelized {
   ModelStateMemory memory() const;
   torch::optim::Optimizer& optimizer();
   size_t bucket_count() const;
-  // The data-parallel strategy, for reduce_with_gradients and last_pass (null under ZeRO).
+  // The data-parallel strategy, for reduce_with_gradients and last_pass (null under ZeRO, and under tensor
+  // parallel alone).
   DataParallel* data_parallel() { return dp_.get(); }
+  // The tensor-parallel layout (null with tp 1).
+  TensorParallel* tensor_parallel() { return tp_.get(); }
+  // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp; null otherwise.
+  const std::shared_ptr<mesh::DeviceMesh>& mesh() const { return mesh_; }
 
  private:
   Strategy strategy_;
+  std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Zero> zero_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // dp's, over the whole module
-  std::shared_ptr<mesh::DeviceMesh> mesh_;              // hsdp's
+  std::shared_ptr<mesh::DeviceMesh> mesh_;              // hsdp's or [dp, tp]
 };
 
 // Validates `config`, then applies it to `module` over `world` (collective). `make` builds the optimizer over
-// the tensors it is given: the module's parameters (dp) or this rank's shards (ZeRO).
+// the tensors it is given: the module's parameters (dp) or this rank's shards (ZeRO). step() first finishes
+// the tensor-parallel gradients (sequence parallel), then steps.
 std::unique_ptr<Parallelized> parallelize(torch::nn::Module& module, comm::BackendPtr world,
                                           const ParallelConfig& config, const OptimizerFactory& make);
 

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "parallel/detail/data_parallel_impl.h"
 #include "tensor/comm_log.h"
+#include "tensor/layout_keys.h"
 
 namespace dtrain::parallel {
 
@@ -112,7 +113,7 @@ void DataParallel::Impl::shard_buckets() {
       Param& p = params[i];
       at::Tensor home = alias(b.params_flat, p.offset, p.tensor.sizes());
       home.copy_(p.tensor);
-      p.tensor.set_data(home);
+      p.tensor.set_data(tensor::with_layout_keys(home, p.tensor.key_set()));  // a tp style's key stays
     }
     b.counts.clear();
     for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
@@ -138,10 +139,9 @@ void DataParallel::Impl::shard_parameters_only(const std::shared_ptr<tensor::OnD
   }
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
-    Bucket& b = buckets[p.bucket];
     at::Tensor whole = p.tensor.is_meta() ? made_whole(p.name, p.tensor) : p.tensor.detach();
     keep_own_part(static_cast<int>(i), whole);
-    at::Tensor od = tensor::make_on_demand(source, static_cast<int>(i), whole);
+    at::Tensor od = tensor::make_on_demand(source, static_cast<int>(i), whole, p.tensor.key_set());
     become(p.tensor, od);
   }
   for (auto& b : buckets) b.shard_param.requires_grad_(true);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
+#include "tensor/layout_keys.h"
 
 namespace dtrain::tensor {
 
@@ -33,8 +34,8 @@ struct OnDemandMeta : c10::BackendMeta {
 
 // Storage-less, with the global tensor's sizes, strides and offset (`like`'s), on `device`.
 struct OnDemandImpl : c10::TensorImpl {
-  OnDemandImpl(const at::Tensor& like, c10::Device device)
-      : c10::TensorImpl(c10::DispatchKeySet(detail::kDTensorKey), like.dtype(), device) {
+  OnDemandImpl(const at::Tensor& like, c10::Device device, c10::DispatchKeySet extra)
+      : c10::TensorImpl(c10::DispatchKeySet(detail::kDTensorKey) | extra, like.dtype(), device) {
     set_storage_access_should_throw();
     set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   }
@@ -45,9 +46,10 @@ const OnDemandMeta* meta_of(const at::Tensor& t) {
   return dynamic_cast<const OnDemandMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
 }
 
-at::Tensor make(const at::Tensor& like, c10::Device device, c10::intrusive_ptr<OnDemandMeta> meta) {
+at::Tensor make(const at::Tensor& like, c10::Device device, c10::intrusive_ptr<OnDemandMeta> meta,
+                c10::DispatchKeySet extra) {
   detail::ensure_dispatch_registered();
-  at::Tensor t = at::detail::make_tensor<OnDemandImpl>(like, device);
+  at::Tensor t = at::detail::make_tensor<OnDemandImpl>(like, device, carried_layout_keys(extra));
   t.unsafeGetTensorImpl()->set_backend_meta(std::move(meta));
   return t;
 }
@@ -98,10 +100,11 @@ bool is_view_of_self(const c10::FunctionSchema& schema, const std::vector<c10::I
 
 }  // namespace
 
-at::Tensor make_on_demand(std::shared_ptr<OnDemandSource> source, int index, const at::Tensor& like) {
+at::Tensor make_on_demand(std::shared_ptr<OnDemandSource> source, int index, const at::Tensor& like,
+                          c10::DispatchKeySet keys) {
   if (!source) throw ValueError("make_on_demand: the source is null.");
   return make(like, like.device(),
-              c10::make_intrusive<OnDemandMeta>(std::move(source), index, std::vector<ViewStep>{}));
+              c10::make_intrusive<OnDemandMeta>(std::move(source), index, std::vector<ViewStep>{}), keys);
 }
 
 bool is_on_demand(const at::Tensor& t) { return meta_of(t) != nullptr; }
@@ -152,7 +155,8 @@ bool handle_on_demand(const c10::OperatorHandle& op, std::vector<c10::IValue>* s
   if (any_dtensor) {
     throw NotSupportedError(str_cat(rank_prefix(), " ", op_name(op),
                                     " got both a ZeRO-3 parameter (gathered on demand) and a DTensor: "
-                                    "combining ZeRO-3 with tensor parallelism is not built yet."));
+                                    "ZeRO-3 combines with tensor parallelism through parallelize()'s tp "
+                                    "styles (parallel/tensor_parallel.h), not with DTensor parameters."));
   }
 
   // A view: another on-demand tensor, its metadata from the op on a meta tensor.
@@ -169,8 +173,9 @@ bool handle_on_demand(const c10::OperatorHandle& op, std::vector<c10::IValue>* s
     std::vector<ViewStep> views = m->views;
     views.push_back(ViewStep{op, std::move(rest)});
     stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-    stack->emplace_back(
-        make(shape, self.device(), c10::make_intrusive<OnDemandMeta>(m->source, m->index, std::move(views))));
+    stack->emplace_back(make(shape, self.device(),
+                             c10::make_intrusive<OnDemandMeta>(m->source, m->index, std::move(views)),
+                             self.key_set()));
     return true;
   }
 

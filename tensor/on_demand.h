@@ -14,6 +14,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DispatchKeySet.h>
 
 #include <memory>
 #include <string>
@@ -37,8 +38,10 @@ class OnDemandSource {
 };
 
 // An on-demand tensor for tensor `index` of `source`, with `like`'s sizes, strides and dtype (its values are
-// not read).
-at::Tensor make_on_demand(std::shared_ptr<OnDemandSource> source, int index, const at::Tensor& like);
+// not read). It and its views also carry the tensor-parallel keys among `keys` (tensor/layout_keys.h), so
+// that a ZeRO-3 parameter sharded by a tensor-parallel style keeps its style.
+at::Tensor make_on_demand(std::shared_ptr<OnDemandSource> source, int index, const at::Tensor& like,
+                          c10::DispatchKeySet keys = {});
 bool is_on_demand(const at::Tensor& t);
 // The whole value of an on-demand tensor (its views replayed), as a plain tensor.
 at::Tensor materialize(const at::Tensor& on_demand);

@@ -199,6 +199,10 @@ std::vector<std::tuple<std::string, std::string, int>> strategy_cases() {
   }
   out.emplace_back("hsdp", "gloo", 4);
   out.emplace_back("hsdp", "mpi", 4);
+  for (int n = 2; n <= 4; ++n) out.emplace_back("tp", "gloo", n);  // tensor parallel (tests/worker_tp.cpp)
+  out.emplace_back("tp", "mpi", 3);
+  out.emplace_back("tp2d", "gloo", 4);
+  out.emplace_back("tp2d", "mpi", 4);
   return out;
 }
 

@@ -320,6 +320,10 @@ int main(int argc, char** argv) {
       suite_zero(world);
     } else if (suite == "hsdp") {
       suite_hsdp(world);
+    } else if (suite == "tp") {
+      suite_tp(world);
+    } else if (suite == "tp2d") {
+      suite_tp2d(world);
     } else if (suite == "ops") {
       suite_ops(world);
     } else if (suite == "hardening") {

@@ -68,7 +68,19 @@ TEST(ParallelConfig, DegreesAreCheckedUpFront) {
   EXPECT_EQ(validate_parallel_config(z3, 3), Strategy::kZero3);
   ParallelConfig two_d;
   two_d.tp = 2;
+  EXPECT_NE(message(two_d, 4).find("tp 2 needs a plan"), std::string::npos) << message(two_d, 4);
+  two_d.tp_plan.styles = {{"fc", ColwiseParallel()}};
+  EXPECT_EQ(validate_parallel_config(two_d, 4), Strategy::kDataParallel);
+  two_d.strategy = "zero3";
+  EXPECT_EQ(validate_parallel_config(two_d, 4), Strategy::kZero3);
+  two_d.tp_plan.sequence_parallel = true;  // its whole gradients are summed after backward: dp only
   EXPECT_THROW(validate_parallel_config(two_d, 4), NotSupportedError);
+  two_d.tp_plan.sequence_parallel = false;
+  two_d.strategy = "hsdp";
+  two_d.shard_size = 1;
+  EXPECT_THROW(validate_parallel_config(two_d, 4), NotSupportedError);
+  two_d.tp = 3;
+  EXPECT_NE(message(two_d, 4).find("tp 3 does not divide the world size 4"), std::string::npos);
 }
 
 TEST(SplitRows, EvenAsPossibleAndCovering) {
@@ -90,3 +102,14 @@ TEST(SplitRows, EvenAsPossibleAndCovering) {
 }
 
 }  // namespace
+
+TEST(TensorParallelPlan, PatternsMatchWithinOneNameComponent) {
+  EXPECT_TRUE(tp_pattern_matches("h*.attn.q", "h0.attn.q"));
+  EXPECT_TRUE(tp_pattern_matches("h*.attn.q", "h12.attn.q"));
+  EXPECT_FALSE(tp_pattern_matches("h*.attn.q", "h0.attn.qk"));
+  EXPECT_FALSE(tp_pattern_matches("h*.q", "h0.attn.q"));  // '*' does not cross a '.'
+  EXPECT_TRUE(tp_pattern_matches("*", "wte"));
+  EXPECT_FALSE(tp_pattern_matches("*", "h0.mlp"));
+  EXPECT_TRUE(tp_pattern_matches("layers.*.mlp.*", "layers.3.mlp.fc"));
+  EXPECT_FALSE(tp_pattern_matches("wte", "wpe"));
+}

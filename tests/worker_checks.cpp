@@ -106,4 +106,23 @@ at::Tensor block_of(const at::Tensor& g, const mesh::DeviceMesh& m, const tensor
   return tensor::local_block(v, m.shape(), shards_only, m.coordinate());
 }
 
+void check_true(const std::string& what, bool ok) {
+  ++g_checks;
+  if (!ok) g_failures += str_cat("FAIL ", what, "\n");
+}
+
+void check_relative(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
+                    double tol) {
+  ++g_checks;
+  if (!actual.sizes().equals(expected.sizes())) {
+    g_failures += str_cat("FAIL ", what, ": shape ", actual.sizes(), " vs ", expected.sizes(), "\n");
+    return;
+  }
+  double diff = (actual.to(at::kDouble) - expected.to(at::kDouble)).norm().item<double>();
+  double scale = std::max(expected.to(at::kDouble).norm().item<double>(), 1e-10 / tol);
+  if (!(diff <= tol * scale)) {
+    g_failures += str_cat("FAIL ", what, ": |diff| ", diff, " > ", tol, " x |expected| ", scale, "\n");
+  }
+}
+
 }  // namespace dtrain::test

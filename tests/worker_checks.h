@@ -19,6 +19,13 @@ extern std::string g_failures;
 void check_equal(const std::string& what, const at::Tensor& actual, const at::Tensor& expected);
 void check_close(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
                  double tol = 1e-5);
+// A check that `ok` holds; `what` says what was expected and what came.
+void check_true(const std::string& what, bool ok);
+// ||actual - expected|| <= tol * ||expected||, relative by the norm of the difference (shapes must match). A
+// tensor that is zero in exact arithmetic (attention's key bias: softmax ignores it; its gradient is rounding
+// noise) holds only float64 noise, about 1e-14: it compares against an absolute floor of 1e-10.
+void check_relative(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
+                    double tol);
 
 // Integer-valued data of `shape` (double, values -6..6), different per salt.
 at::Tensor data(std::vector<int64_t> shape, int salt);

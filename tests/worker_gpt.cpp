@@ -25,8 +25,7 @@ using namespace dtrain::tensor;
 struct Layout {
   std::string name;
   std::vector<int64_t> mesh_shape;
-  std::vector<std::string>
-      axes;  // "dp": batch Shard(0), parameters Replicate; "tp": train::megatron_placement
+  std::vector<std::string> axes;  // "dp": batch Shard(0), parameters Replicate; "tp": train::gpt_tp_placement
 };
 
 void check_layout(const comm::BackendPtr& world, const Layout& layout, const models::GPTConfig& cfg,
@@ -41,7 +40,7 @@ void check_layout(const comm::BackendPtr& world, const Layout& layout, const mod
   models::GPT ref(cfg), dist(cfg);  // same seed: same weights
   distribute_module(*dist, mesh, [&](const std::string& name, const at::Tensor&) {
     Placements p;
-    for (const auto& a : layout.axes) p.push_back(a == "tp" ? train::megatron_placement(name) : Replicate());
+    for (const auto& a : layout.axes) p.push_back(a == "tp" ? train::gpt_tp_placement(name) : Replicate());
     return p;
   });
   Placements data;

@@ -47,26 +47,8 @@ at::Tensor windows(int64_t rows, const models::GPTConfig& c, int64_t step) {
   return at::randint(c.vocab_size, {rows, c.block_size + 1}, gen, at::kLong);
 }
 
-// ||actual - expected|| <= tol * ||expected||, relative by the norm of the difference. A parameter that is
-// zero in exact arithmetic (attention's key bias: softmax ignores it; its gradient is rounding noise) holds
-// only float64 noise, about 1e-14: it compares against an absolute floor of 1e-10.
-void check_relative(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
-                    double tol) {
-  ++g_checks;
-  double diff = (actual.to(at::kDouble) - expected.to(at::kDouble)).norm().item<double>();
-  double scale = std::max(expected.to(at::kDouble).norm().item<double>(), 1e-10 / tol);
-  if (!(diff <= tol * scale)) {
-    g_failures += str_cat("FAIL ", what, ": |diff| ", diff, " > ", tol, " x |expected| ", scale, "\n");
-  }
-}
-
 // A plain copy of a parameter (ZeRO-3's are gathered: a collective every rank runs alike).
 at::Tensor materialize_copy(const at::Tensor& t) { return t.detach().clone(); }
-
-void check_true(const std::string& what, bool ok) {
-  ++g_checks;
-  if (!ok) g_failures += str_cat("FAIL ", what, "\n");
-}
 
 int64_t param_bytes(torch::nn::Module& m) {
   int64_t b = 0;

@@ -23,6 +23,12 @@ void suite_data_parallel(const comm::BackendPtr& world);
 // reduce-scatters of backward and the all-gathers of the step, the memory report.
 void suite_zero(const comm::BackendPtr& world);
 void suite_hsdp(const comm::BackendPtr& world);
+// Tensor parallel over the whole world (tests/worker_tp.cpp): models::GPT with and without sequence
+// parallel at accumulation 1 and 4, 20 steps equal to one process, the collectives of each block; a module
+// written in the test under a plan of its own; the plan's errors.
+void suite_tp(const comm::BackendPtr& world);
+// 2-d at 4 ranks: dp × tp and zero3 × tp on a [2, 2] mesh, the same parity.
+void suite_tp2d(const comm::BackendPtr& world);
 
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,

@@ -26,14 +26,31 @@ namespace dtrain::train {
 
 using namespace dtrain::tensor;
 
-Placement megatron_placement(const std::string& name) {
-  switch (models::megatron_split(name)) {
-    case models::MegatronSplit::kRows:
-      return Shard(0);
-    case models::MegatronSplit::kColumns:
-      return Shard(1);
-    case models::MegatronSplit::kWhole:
-      break;
+parallel::TensorParallelPlan gpt_tensor_parallel_plan(const models::GPTConfig& c, bool sequence_parallel) {
+  using namespace dtrain::parallel;
+  const int64_t hd = c.n_embd / c.n_head;
+  TensorParallelPlan plan;
+  plan.styles = {{"wte", VocabParallel()},
+                 {"h*.attn.q", ColwiseParallel(hd)},
+                 {"h*.attn.k", ColwiseParallel(hd)},
+                 {"h*.attn.v", ColwiseParallel(hd)},
+                 {"h*.attn.proj", RowwiseParallel(hd)},
+                 {"h*.mlp.fc", ColwiseParallel()},
+                 {"h*.mlp.proj", RowwiseParallel()}};
+  if (sequence_parallel) {
+    plan.sequence_parallel = true;
+    for (const char* m : {"wpe", "h*.ln1", "h*.ln2", "ln_f"}) plan.styles.emplace_back(m, SequenceParallel());
+  }
+  return plan;
+}
+
+Placement gpt_tp_placement(const std::string& name) {
+  const auto dot = name.rfind('.');
+  const std::string module = name.substr(0, dot), param = name.substr(dot + 1);
+  for (const auto& [pattern, style] : gpt_tensor_parallel_plan(models::GPTConfig{}, false).styles) {
+    if (!parallel::tp_pattern_matches(pattern, module)) continue;
+    if (style.kind == parallel::TPStyle::Kind::kColwise) return Shard(0);
+    if (style.kind == parallel::TPStyle::Kind::kRowwise && param == "weight") return Shard(1);
   }
   return Replicate();
 }
@@ -105,11 +122,12 @@ void print_end(const TrainOptions& o, const StepLog& log, double val, const std:
               last_step_comm.empty() ? "  none\n" : last_step_comm.c_str());
 }
 
-// Horovod-style data parallel: every rank holds the whole model on plain tensors and takes its rows of each
-// micro-batch; parallel::DataParallel all-reduces the gradient buckets during the last micro-step's backward.
-void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, models::GPT& gpt,
-                         const TextCorpus& corpus, const models::GPTConfig& cfg, int zero_stage) {
-  const int64_t n = world->group_size(), me = world->group_rank();
+// The model under parallel::parallelize: each data-parallel rank takes its rows of each micro-batch (the
+// ranks of a tensor-parallel group the same rows); under dp, parallel::DataParallel all-reduces the gradient
+// buckets during the last micro-step's backward.
+void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models::GPT& gpt,
+                    const TextCorpus& corpus, const models::GPTConfig& cfg, int zero_stage) {
+  const int64_t n = world->group_size() / o.tp, me = world->group_rank() / o.tp;  // data-parallel rank
   parallel::DataParallelOptions dpo = parallel::with_horovod_env({});
   if (o.bucket_bytes > 0) dpo.bucket_bytes = o.bucket_bytes;
   const auto adamw = torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay);
@@ -117,16 +135,25 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
   parallel::ParallelConfig pc;
   pc.strategy = o.strategy;
   pc.shard_size = o.shard_size;
+  pc.tp = o.tp;
+  pc.tp_plan = gpt_tensor_parallel_plan(cfg, o.sequence_parallel);
   pc.buckets = dpo;
   if (zero_stage == 0) pc.buckets.side_values = 1;  // the step's loss travels with the last gradient bucket
   auto par = parallel::parallelize(*gpt, world, pc, [&](std::vector<at::Tensor> tensors) {
     return std::make_unique<torch::optim::AdamW>(tensors, adamw);
   });
   parallel::DataParallel* dp = par->data_parallel();
-  const bool lead = me == 0;
+  const bool lead = world->group_rank() == 0;
+  if (lead && o.tp > 1) {
+    std::printf(
+        "dtrain train: tensor parallel over %ld ranks%s (mesh dp=%ld x tp=%ld); this rank's parts:\n%s",
+        static_cast<long>(o.tp), o.sequence_parallel ? ", sequence parallel" : "", static_cast<long>(n),
+        static_cast<long>(o.tp), par->tensor_parallel()->describe().c_str());
+  }
   if (lead) {
     std::printf(
-        "dtrain train: %ld ranks, strategy %s: %zu gradient buckets of up to %.1f MiB, accumulation %ld\n",
+        "dtrain train: %ld data-parallel ranks, strategy %s: %zu gradient buckets of up to %.1f MiB, "
+        "accumulation %ld\n",
         static_cast<long>(n),
         zero_stage == 0 ? "dp (Horovod-style data parallel)"
         : o.shard_size > 0
@@ -162,7 +189,10 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
     par->step();
     if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
     if (log.wants(step)) {
-      if (!dp) world->all_reduce(global_loss)->wait();  // dp's came with the gradients
+      if (!dp) {  // dp's came with the gradients; the ranks of a tp group hold the same share
+        world->all_reduce(global_loss)->wait();
+        global_loss /= static_cast<double>(o.tp);
+      }
       log.step(step, global_loss.item<double>());
     }
   }
@@ -186,8 +216,9 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
         "once the ranks connected)\n",
         peak_rss_mib(), peak_rss_mib() - g_rss_before_model_mib);
     const double ns = static_cast<double>(o.shard_size > 0 ? o.shard_size : n);  // ranks sharing a copy
-    std::printf("model state per rank: %s (fp32 AdamW over %ld parameters: %s = %.2f MiB)\n",
+    std::printf("model state per rank: %s (fp32 AdamW over %ld parameters%s: %s = %.2f MiB)\n",
                 state.to_string().c_str(), static_cast<long>(psi),
+                o.tp > 1 ? " (this rank's tensor-parallel part)" : "",
                 zero_stage == 0   ? "16 bytes each"
                 : zero_stage == 1 ? "8 + 8/N bytes each"
                 : zero_stage == 2 ? "4 + 12/N bytes each"
@@ -197,57 +228,6 @@ void train_data_parallel(const TrainOptions& o, const comm::BackendPtr& world, m
                 : zero_stage == 2 ? (4 + 12.0 / ns) * mib
                                   : 16.0 / ns * mib);
   }
-  world->barrier()->wait();
-}
-
-// Tensor parallel (Megatron layout through DTensor) on a (dp, tp) mesh; the dp axis reduces through DTensor's
-// Partial gradients.
-void train_dtensor(const TrainOptions& o, const comm::BackendPtr& world, models::GPT& gpt,
-                   const TextCorpus& corpus, const models::GPTConfig& cfg) {
-  const int64_t ws = world->group_size(), dp = ws / o.tp;
-  auto mesh = std::make_shared<const mesh::DeviceMesh>(world, std::vector<int64_t>{dp, o.tp},
-                                                       std::vector<std::string>{"dp", "tp"});
-  const bool lead = world->group_rank() == 0;
-  distribute_module(*gpt, mesh, [](const std::string& name, const at::Tensor&) -> Placements {
-    return {Replicate(), megatron_placement(name)};
-  });
-  torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
-  if (lead) {
-    std::printf("dtrain train: %ld ranks as mesh (dp=%ld, tp=%ld) through DTensor\n", static_cast<long>(ws),
-                static_cast<long>(dp), static_cast<long>(o.tp));
-  }
-  // This rank's rows of a global batch (the same windows on every rank; no communication).
-  const Placements data{Shard(0), Replicate()};
-  auto to_dtensor = [&](const at::Tensor& full) {
-    return from_local(local_block(full, mesh->shape(), data, mesh->coordinate()).contiguous(), mesh, data,
-                      full.sizes().vec());
-  };
-  auto batch_at = [&](const at::Tensor& tokens, int64_t step) {
-    at::Tensor w = sample_windows(tokens, o.batch, cfg.block_size, o.seed, step);
-    return std::make_pair(to_dtensor(w.narrow(1, 0, cfg.block_size).contiguous()),
-                          to_dtensor(w.narrow(1, 1, cfg.block_size).contiguous()));
-  };
-  StepLog log(o, lead, o.batch * cfg.block_size);
-  std::string last_step_comm;
-  for (int64_t step = 1; step <= o.steps; ++step) {
-    auto [x, y] = batch_at(corpus.train, step);
-    CommLog::instance().clear();  // the log then holds one step
-    opt.zero_grad();
-    at::Tensor loss = gpt->loss(x, y);
-    loss.backward();
-    opt.step();
-    if (step == o.steps) last_step_comm = CommLog::instance().summary();
-    if (log.wants(step)) log.step(step, full_tensor(loss.detach()).item().toDouble());
-  }
-  double val = 0;
-  {
-    at::NoGradGuard no_grad;
-    for (int64_t b = 0; b < o.eval_batches; ++b) {
-      auto [x, y] = batch_at(corpus.val, -1 - b);
-      val += full_tensor(gpt->loss(x, y)).item().toDouble();
-    }
-  }
-  if (lead) print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm);
   world->barrier()->wait();
 }
 
@@ -282,9 +262,10 @@ int train_gpt(const TrainOptions& o) {
     throw ValueError(str_cat("train: --shard-size ", o.shard_size, " is for --strategy hsdp only, not ",
                              o.strategy, ". Leave it out, or use --strategy hsdp."));
   }
-  if (zero_stage > 0 && o.tp > 1) {
-    throw NotSupportedError(str_cat("train: --strategy ", o.strategy, " with --tp ", o.tp,
-                                    " is not implemented yet. Use --strategy dp with --tp, or --tp 1."));
+  if (o.sequence_parallel && o.tp == 1) {
+    throw ValueError(
+        "train: --sequence-parallel needs --tp of 2 or more (it splits the sequence over the "
+        "tensor-parallel ranks). Add --tp, or leave it out.");
   }
   auto world = dtrain::init();
   g_rss_before_model_mib = peak_rss_mib();
@@ -297,7 +278,9 @@ int train_gpt(const TrainOptions& o) {
     parallel::ParallelConfig pc;
     pc.strategy = o.strategy;
     pc.shard_size = o.shard_size;
-    if (o.tp == 1) parallel::validate_parallel_config(pc, ws);  // tp > 1: the DTensor path below
+    pc.tp = o.tp;
+    pc.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
+    parallel::validate_parallel_config(pc, ws);
   }
   const int64_t dp = ws / o.tp;
   if (o.batch / o.accumulation < dp) {
@@ -305,10 +288,6 @@ int train_gpt(const TrainOptions& o) {
                              o.batch / o.accumulation, " sequences per micro-batch, fewer than the ", dp,
                              " data-parallel ranks; each needs at least one. Use --batch of at least ",
                              dp * o.accumulation, "."));
-  }
-  if (o.tp > 1 && o.accumulation != 1) {
-    throw NotSupportedError(str_cat("train: --accumulation ", o.accumulation, " with --tp ", o.tp,
-                                    " is not implemented yet. Use --accumulation 1 with --tp."));
   }
   const bool lead = world->group_rank() == 0;
   TextCorpus corpus = load_text(o.data);
@@ -331,11 +310,7 @@ int train_gpt(const TrainOptions& o) {
     std::printf("dtrain train: global batch %ld x %ld tokens, %ld steps\n", static_cast<long>(o.batch),
                 static_cast<long>(cfg.block_size), static_cast<long>(o.steps));
   }
-  if (o.tp == 1) {
-    train_data_parallel(o, world, gpt, corpus, cfg, zero_stage);
-  } else {
-    train_dtensor(o, world, gpt, corpus, cfg);
-  }
+  train_parallel(o, world, gpt, corpus, cfg, zero_stage);
   return 0;
 }
 

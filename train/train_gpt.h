@@ -1,12 +1,13 @@
-// A first training run: models::GPT on text (one token per byte), a data-parallel strategy through
-// parallel::parallelize (dp, zero1-3, hsdp) or Megatron tensor parallel through DTensor, AdamW, loss logged
-// on rank 0. What `scripts/main.sh` runs (`dtrain train`).
+// A first training run: models::GPT on text (one token per byte) through parallel::parallelize (dp,
+// zero1-3, hsdp; with --tp, the GPT's tensor-parallel plan × dp or zero1-3), AdamW, loss logged on rank 0.
+// What `scripts/main.sh` runs (`dtrain train`).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "models/gpt.h"
+#include "parallel/tensor_parallel.h"
 #include "tensor/placement.h"
 
 namespace dtrain::train {
@@ -16,7 +17,8 @@ struct TrainOptions {
   models::GPTConfig model{256, 64, 4, 4, 128};  // vocab (bytes), seq, layers, heads, width
   int64_t batch = 16;                           // global: split over the data-parallel ranks
   int64_t steps = 300;
-  int64_t tp = 1;  // tensor-parallel ranks (Megatron layout); the rest of the world is data parallel
+  int64_t tp = 1;  // tensor-parallel ranks (gpt_tensor_parallel_plan); the rest of the world is data parallel
+  bool sequence_parallel = false;
   std::string strategy = "dp";  // parallel::parse_strategy's names
   int64_t shard_size = 0;       // hsdp: ranks per ZeRO-3 group
   int64_t bucket_bytes = 0;     // data parallel's gradient buckets; 0: 25 MiB or HOROVOD_FUSION_THRESHOLD
@@ -29,8 +31,15 @@ struct TrainOptions {
   uint64_t seed = 1234;
 };
 
-// The placement of a GPT parameter on the tensor-parallel mesh axis (models::megatron_split as a placement).
-tensor::Placement megatron_placement(const std::string& param_name);
+// Megatron's layout of models::GPT as a tensor-parallel plan: q, k, v colwise and the attention projection
+// rowwise by whole heads (unit head_dim), the MLP's fc colwise and proj rowwise, the token embedding
+// vocabulary parallel (its tied output head giving loss-parallel logits); under sequence parallel also the
+// position embedding and the LayerNorms.
+parallel::TensorParallelPlan gpt_tensor_parallel_plan(const models::GPTConfig& c, bool sequence_parallel);
+// The same layout for a DTensor-distributed GPT (tensor/distribute_module.h): the placement of a parameter
+// on the tensor-parallel mesh axis, from the plan's style of its module (colwise: Shard(0), rowwise weight:
+// Shard(1), others Replicate).
+tensor::Placement gpt_tp_placement(const std::string& param_name);
 
 // Runs the training in this process as one rank of the world (dtrain::init()). Returns 0; throws ValueError
 // for bad options (world not divisible by tp, ...).

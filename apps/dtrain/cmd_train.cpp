@@ -6,8 +6,8 @@
 namespace dtrain::apps {
 
 CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
-  CLI::App* c = app.add_subcommand(
-      "train", "Train a GPT on text (one token per byte) through DTensor; run it inside `dtrain run`");
+  CLI::App* c =
+      app.add_subcommand("train", "Train a GPT on text (one token per byte); run it inside `dtrain run`");
   c->add_option("--data", o.data, "A text file or a folder of text files")->capture_default_str();
   c->add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
   c->add_option("--batch", o.batch, "Global batch (sequences), split over the data-parallel ranks")
@@ -16,8 +16,14 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
   c->add_option("--layers", o.model.n_layer, "Transformer blocks")->capture_default_str();
   c->add_option("--heads", o.model.n_head, "Attention heads")->capture_default_str();
   c->add_option("--width", o.model.n_embd, "Model width (a multiple of --heads)")->capture_default_str();
-  c->add_option("--tp", o.tp, "Tensor-parallel ranks (Megatron layout); the others are data parallel")
+  c->add_option("--tp", o.tp,
+                "Tensor-parallel ranks (consecutive): Megatron's block layout (q, k, v and fc colwise, the "
+                "projections rowwise, the embedding vocabulary parallel, loss-parallel cross entropy); "
+                "--strategy runs over the other mesh axis")
       ->capture_default_str();
+  c->add_flag("--sequence-parallel", o.sequence_parallel,
+              "With --tp: LayerNorms and residuals on each rank's part of the sequence (all-gather / "
+              "reduce-scatter at the block edges instead of all-reduce)");
   c->add_option("--strategy", o.strategy,
                 "dp (Horovod-style data parallel; also ddp, horovod), zero1, zero2, zero3 (DeepSpeed ZeRO "
                 "stages; also deepspeed1..3, fsdp), hsdp (zero3 within groups of --shard-size ranks, "

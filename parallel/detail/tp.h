@@ -1,0 +1,67 @@
+// Tensor parallelism's inside, shared by tensor_parallel.cpp (plans, parameters) and tp_ops.cpp (the kernels
+// on the tensor-parallel keys and the region functions around them).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "parallel/tensor_parallel.h"
+#include "tensor/cost_model.h"
+
+namespace dtrain::parallel::detail {
+
+// One tensor-parallel group's shared state.
+struct TPGroup {
+  comm::BackendPtr group;
+  bool sequence_parallel = false;
+  // The sequence length last split on this rank (by a sequence-parallel embedding or a reduce-scatter), so
+  // that the next all-gather knows every rank's part without asking.
+  int64_t seq_len = -1;
+  // Region inputs made once for several colwise modules reading the same tensor (q, k and v): the source
+  // (weakly: its address is not reused while this is held), its version, and the result, weakly too (the
+  // modules' saved inputs keep it while a graph needs it; a strong reference would keep the last graph
+  // alive), strongly only without autograd.
+  struct Region {
+    c10::weak_intrusive_ptr<c10::TensorImpl> source{c10::intrusive_ptr<c10::TensorImpl>()};
+    uint32_t version = 0;
+    bool grad = false;
+    c10::weak_intrusive_ptr<c10::TensorImpl> result{c10::intrusive_ptr<c10::TensorImpl>()};
+    at::Tensor kept;  // without autograd
+  };
+  std::vector<Region> regions;  // the last few, newest last
+  std::mutex mu;
+};
+
+// What a sharded (or, under sequence parallel, a whole) parameter is to its style.
+struct ParamRole {
+  TPStyle style;
+  std::string module;  // "h0.attn.q"
+  std::string param;   // "weight"
+  int dim = -1;        // the split dim of the parameter; -1: whole
+  int64_t start = 0;   // this rank's rows (or columns) of it
+  int64_t count = 0;
+  int64_t global = 0;  // the whole size of that dim
+  std::shared_ptr<TPGroup> tp;
+};
+
+// The registry of parameters by TensorImpl (a view is looked up by its base): the kernels ask it which
+// style a weight follows.
+void register_role(const c10::TensorImpl* impl, ParamRole role);
+void unregister_role(const c10::TensorImpl* impl);
+// The role of `t`, a parameter or a view of one; nullptr for any other tensor.
+std::shared_ptr<const ParamRole> role_of(const at::Tensor& t);
+
+// Registers the kernels on the tensor-parallel keys (once per process).
+void ensure_tp_kernels();
+
+// Parts of a length split over the group: as split_rows (the first length % n ranks one more).
+std::vector<int64_t> split_lengths(int64_t length, int64_t n);
+// A collective the tensor-parallel styles issued, in CommLog under `cause` (the module's name).
+void log_collective(const std::string& cause, tensor::StepKind kind, int64_t bytes, int n, double seconds);
+
+}  // namespace dtrain::parallel::detail
