@@ -1,4 +1,5 @@
-"""PyTorch's peer of `dtrain train --strategy dp` (and, with --zero, of zero1: ZeroRedundancyOptimizer): the same GPT as models::GPT (token + position embedding,
+"""PyTorch's peer of `dtrain train --strategy dp` (and, with --zero, of zero1: ZeroRedundancyOptimizer; with --fsdp
+of zero3: FSDP2; with --tp N of `dtrain train --tp N`: DTensor tensor parallelism, --sp adding sequence parallel): the same GPT as models::GPT (token + position embedding,
 pre-LayerNorm blocks with separate q, k, v projections, causal SDPA, a GELU MLP 4x wide, final LayerNorm, head
 tied to the token embedding), trained with AdamW under torch's DistributedDataParallel (its defaults: 25 MB
 buckets), Gloo, each rank on its rows of the global batch. Started by `dtrain run -n N -- python bench/gpt_ddp.py`
@@ -27,9 +28,10 @@ class Block(nn.Module):
 
     def attn(self, x):
         b, t, c = x.shape
-        heads = lambda y: y.view(b, t, self.h, c // self.h).transpose(1, 2)
+        hd = c // self.h  # heads from the projections' width: under tensor parallel each rank has some of them
+        heads = lambda y: y.view(b, t, -1, hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -54,7 +56,10 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         for b in self.blocks:
             x = b(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
+        h = self.ln_f(x)
+        if hasattr(h, "full_tensor"):  # sequence parallel: the whole sequence for the (replicated) head
+            h = h.full_tensor()
+        logits = F.linear(h, self.wte.weight)
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -81,6 +86,41 @@ def same_weights_as_dtrain(model, seed):
                 p.normal_(0.0, 0.02, generator=g)
 
 
+def tensor_parallel(model, n, tp, sp):
+    """PyTorch 2.13's DTensor tensor parallelism on a (dp, tp) mesh: colwise q, k, v and fc, rowwise projections
+    (embedding and tied head replicated); with sp, LayerNorms SequenceParallel and the sequence split at the first
+    block (PyTorch's tutorial layout); data parallel over dp with DDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    mesh = init_device_mesh("cpu", (n // tp, tp), mesh_dim_names=("dp", "tp"))
+    for i, b in enumerate(model.blocks):
+        if sp:
+            plan = {"ln1": SequenceParallel(), "ln2": SequenceParallel(),
+                    "q": ColwiseParallel(input_layouts=Shard(1)), "k": ColwiseParallel(input_layouts=Shard(1)),
+                    "v": ColwiseParallel(input_layouts=Shard(1)), "fc": ColwiseParallel(input_layouts=Shard(1)),
+                    "proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+                    "fc_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
+        else:
+            plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "fc": ColwiseParallel(),
+                    "proj": RowwiseParallel(), "fc_proj": RowwiseParallel()}
+        parallelize_module(b, mesh["tp"], plan)
+    if sp:
+        parallelize_module(model, mesh["tp"], {
+            "blocks.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                           use_local_output=False),
+            "ln_f": SequenceParallel()})
+    if n // tp > 1:  # 2-d: FSDP2 over dp (DDP does not take DTensor parameters)
+        from torch.distributed.fsdp import fully_shard
+
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh["dp"])
+        return fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
@@ -92,6 +132,8 @@ def main():
     ap.add_argument("--metrics", default="")
     ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer (optimizer state sharded) under DDP")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard on each block and the root (ZeRO-3's peer)")
+    ap.add_argument("--tp", type=int, default=1, help="DTensor tensor parallel: colwise q/k/v and fc, rowwise projections")
+    ap.add_argument("--sp", action="store_true", help="with --tp: sequence parallel (LayerNorms on the local sequence)")
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -103,7 +145,9 @@ def main():
     same_weights_as_dtrain(model, a.seed)
     if rank == 0:  # dtrain train prints the same fingerprint of its initial weights
         print(f"initial sum of squares {sum(p.detach().double().pow(2).sum().item() for p in model.parameters()):.9g}")
-    if a.fsdp:
+    if a.tp > 1:
+        ddp = tensor_parallel(model, n, a.tp, a.sp)
+    elif a.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -119,16 +163,26 @@ def main():
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    rows = [a.batch // n + (1 if r < a.batch % n else 0) for r in range(n)]
-    start = sum(rows[:rank])
+    ndp, dp_rank = n // a.tp, rank // a.tp  # the ranks of a tensor-parallel group take the same rows
+    rows = [a.batch // ndp + (1 if r < a.batch % ndp else 0) for r in range(ndp)]
+    start = sum(rows[:dp_rank])
     out = open(a.metrics, "w") if a.metrics and rank == 0 else None
     t0 = time.perf_counter()
     for step in range(1, a.steps + 1):
         g = torch.Generator().manual_seed(step)
-        w = torch.randint(256, (a.batch, a.seq + 1), generator=g)[start : start + rows[rank]]
+        w = torch.randint(256, (a.batch, a.seq + 1), generator=g)[start : start + rows[dp_rank]]
         opt.zero_grad()
-        loss = ddp(w[:, :-1], w[:, 1:]) * (rows[rank] * n / a.batch)  # uneven rows weighted, as dtrain does
+        count = step == 2 and a.tp > 1 and rank == 0
+        if count:  # the collectives of one step (forward and backward), as dtrain's CommLog counts them
+            from torch.distributed.tensor.debug import CommDebugMode
+
+            mode = CommDebugMode()
+            mode.__enter__()
+        loss = ddp(w[:, :-1], w[:, 1:]) * (rows[dp_rank] * ndp / a.batch)  # uneven rows weighted, as dtrain does
         loss.backward()
+        if count:
+            mode.__exit__(None, None, None)
+            print(f"collectives_per_step {mode.get_total_counts()} {dict((str(k).split('.')[-1], v) for k, v in mode.get_comm_counts().items())}")
         opt.step()
         if out:
             out.write(json.dumps({"step": step, "loss": loss.item(), "elapsed_s": time.perf_counter() - t0}) + "\n")

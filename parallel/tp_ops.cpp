@@ -384,8 +384,25 @@ void finish(Stack* s, size_t n, at::Tensor out) {
   torch::jit::push(*s, std::move(out));
 }
 
+// The role of a weight, nullptr for a tensor without the key; a tensor with the key but no known role is
+// refused rather than multiplied as if it were whole.
+std::shared_ptr<const ParamRole> weight_role(const c10::OperatorHandle& op, const at::Tensor& w) {
+  if (!w.defined() || !w.key_set().has(kTP)) return nullptr;
+  auto r = role_of(w);
+  if (!r) {
+    throw NotSupportedError(
+        str_cat(rank_prefix(), " tensor parallel: ", op.schema().name(),
+                " reads a tensor-parallel parameter's part whose layout is unknown: its TensorParallel was "
+                "destroyed, "
+                "or it is a view libtorch does not track (made under InferenceMode). Keep the layout "
+                "(parallelize()'s "
+                "result) alive while the module runs, and use NoGradGuard rather than InferenceMode."));
+  }
+  return r;
+}
+
 void refuse_left_weight(const c10::OperatorHandle& op, const at::Tensor& self) {
-  if (auto r = role_of(self)) {
+  if (auto r = weight_role(op, self)) {
     throw NotSupportedError(str_cat(rank_prefix(), " tensor parallel: ", op.schema().name(), " with ",
                                     where(*r),
                                     "'s weight as its left operand; only x @ weight.t() is laid out."));
@@ -395,7 +412,7 @@ void refuse_left_weight(const c10::OperatorHandle& op, const at::Tensor& self) {
 // matmul(x, w.t()) and mm(x, w.t()).
 void matmul_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* s) {
   const at::Tensor self = arg(s, 2, 0), other = arg(s, 2, 1);
-  auto r = role_of(other);
+  auto r = weight_role(op, other);
   if (!r) {
     refuse_left_weight(op, self);
     return op.redispatchBoxed(ks.remove(kTP), s);
@@ -406,7 +423,7 @@ void matmul_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack*
 // addmm(bias, x, w.t(), beta, alpha)
 void addmm_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* s) {
   const at::Tensor bias = arg(s, 5, 0), x = arg(s, 5, 1), wt = arg(s, 5, 2);
-  auto r = role_of(wt);
+  auto r = weight_role(op, wt);
   if (!r) {
     refuse_left_weight(op, x);
     return op.redispatchBoxed(ks.remove(kTP), s);
@@ -422,7 +439,7 @@ void addmm_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* 
 // linear(x, w, bias)
 void linear_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* s) {
   const at::Tensor x = arg(s, 3, 0), w = arg(s, 3, 1), bias = arg(s, 3, 2);
-  auto r = role_of(w);
+  auto r = weight_role(op, w);
   if (!r) return op.redispatchBoxed(ks.remove(kTP), s);
   at::Tensor wt;
   {
@@ -435,7 +452,7 @@ void linear_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack*
 // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)
 void embedding_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* s) {
   const at::Tensor w = arg(s, 5, 0), idx = arg(s, 5, 1);
-  auto rp = role_of(w);
+  auto rp = weight_role(op, w);
   if (!rp) return op.redispatchBoxed(ks.remove(kTP), s);
   const ParamRole& r = *rp;
   const int64_t padding = (*s)[s->size() - 3].toSymInt().expect_int();

@@ -300,6 +300,18 @@ void check_plan_errors(const comm::BackendPtr& world) {
         "softmax of loss-parallel logits", [&] { at::softmax(gpt->forward(idx), -1); },
         "only views and cross_entropy may read them");
   }
+  {
+    // A module whose layout is gone keeps its parts, and refuses to run as if they were whole.
+    models::GPTConfig cfg = tp_gpt(n);
+    models::GPT gpt(cfg);
+    { parallel::TensorParallel tp(*gpt, world, train::gpt_tensor_parallel_plan(cfg, false)); }
+    check_throws(
+        "a module whose TensorParallel was destroyed",
+        [&] {
+          gpt->forward(at::zeros({1, 4}, at::kLong));
+        },
+        "whose layout is unknown");
+  }
 }
 
 }  // namespace
