@@ -674,4 +674,21 @@ std::vector<at::Tensor> DataParallel::shard_parameters() const {
 
 void DataParallel::gather_parameters() { impl_->gather_params(); }
 
+std::vector<DataParallel::ShardSegment> DataParallel::shard_segments() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<ShardSegment> out;
+  const int64_t me = impl_->group->group_rank();
+  for (size_t k = 0; k < impl_->buckets.size(); ++k) {
+    const auto& b = impl_->buckets[k];
+    const int64_t lo = b.start, hi = b.start + b.counts[me];
+    for (int i : b.params) {
+      const auto& p = impl_->params[i];
+      const int64_t numel = c10::multiply_integers(p.sizes);
+      const int64_t from = std::max(lo, p.offset), to = std::min(hi, p.offset + numel);
+      if (to > from) out.push_back(ShardSegment{k, p.name, from - lo, to - from});
+    }
+  }
+  return out;
+}
+
 }  // namespace dtrain::parallel

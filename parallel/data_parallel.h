@@ -124,6 +124,13 @@ class DataParallel {
   std::vector<at::Tensor> shard_parameters() const;
   // ZeRO: all-gathers every rank's shards into the parameters.
   void gather_parameters();
+  // ZeRO: which parameter each run of this rank's shard of each bucket holds.
+  struct ShardSegment {
+    size_t bucket = 0;
+    std::string param;
+    int64_t offset = 0, count = 0;  // elements into the bucket's shard
+  };
+  std::vector<ShardSegment> shard_segments() const;
 
   std::shared_ptr<Impl> impl_;  // shared with ZeRO-3's parameters, which gather through it
 };

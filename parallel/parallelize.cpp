@@ -43,7 +43,10 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
 
 Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
                            const OptimizerFactory& make)
-    : strategy_(validate_parallel_config(config, world->group_size())) {
+    : strategy_(validate_parallel_config(config, world->group_size())),
+      world_(world),
+      tp_size_(config.tp),
+      shard_size_(config.shard_size) {
   // The fixed order: tensor parallel, activation checkpointing (not built), ZeRO, data parallel.
   if (config.tp > 1) {
     const int64_t n = world->group_size();
@@ -76,10 +79,19 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
   if (!optimizer_) throw ValueError("parallelize: the optimizer factory returned no optimizer.");
 }
 
-void Parallelized::zero_grad() { zero_ ? zero_->zero_grad() : optimizer_->zero_grad(); }
+void Parallelized::zero_grad() {
+  zero_ ? zero_->zero_grad() : optimizer_->zero_grad();
+  finished_ = false;
+}
+
+void Parallelized::finish_gradients() {
+  if (tp_ && !finished_) tp_->finish_gradients();
+  finished_ = true;
+}
 
 void Parallelized::step() {
-  if (tp_) tp_->finish_gradients();
+  finish_gradients();
+  finished_ = false;
   if (zero_) {
     zero_->step();
   } else {
@@ -107,6 +119,40 @@ ModelStateMemory Parallelized::memory() const {
 }
 
 torch::optim::Optimizer& Parallelized::optimizer() { return zero_ ? zero_->optimizer() : *optimizer_; }
+
+std::vector<Parallelized::GradPart> Parallelized::gradient_parts() const {
+  const int64_t n = world_->group_size(), ndp = n / tp_size_;
+  std::vector<GradPart> out;
+  if (zero_) {
+    const int64_t copies = shard_size_ > 0 ? n / shard_size_ : 1;  // hsdp: the replicas hold the same shards
+    std::vector<at::Tensor> shards;
+    for (const auto& g : zero_->optimizer().param_groups()) {
+      for (const auto& p : g.params()) shards.push_back(p);
+    }
+    if (!tp_) {
+      for (const auto& p : shards) out.push_back(GradPart{p.grad(), copies});
+      return out;
+    }
+    // with tp, a shard holds tensor-parallel parts (one per tp group) and whole parameters (the same on
+    // every rank of the group): run by run
+    for (const auto& seg : zero_->shard_segments()) {
+      const at::Tensor g = shards.at(seg.bucket).grad();
+      if (!g.defined()) continue;
+      const bool part = tp_->part_of(seg.param).count >= 0;
+      out.push_back(GradPart{g.narrow(0, seg.offset, seg.count), part ? copies : copies * tp_size_});
+    }
+    return out;
+  }
+  for (const auto& g : optimizer_->param_groups()) {
+    for (const auto& p : g.params()) {
+      // data parallel: every data-parallel rank holds the same gradient; a parameter tensor parallelism left
+      // whole is also the same on every rank of its tp group
+      const bool part = tp_ && tp_->is_sharded(p);
+      out.push_back(GradPart{p.grad(), part || !tp_ ? ndp : ndp * tp_size_});
+    }
+  }
+  return out;
+}
 
 size_t Parallelized::bucket_count() const {
   return zero_ ? zero_->buckets().size() : dp_ ? dp_->buckets().size() : 0;

@@ -41,6 +41,9 @@ class Parallelized {
                const OptimizerFactory& make);
   Strategy strategy() const { return strategy_; }
   void zero_grad();
+  // Finishes this step's tensor-parallel gradients (sequence parallel: sums the whole parameters' over the tp
+  // group), once per step; step() and optim::clip_grad_norm call it.
+  void finish_gradients();
   void step();
   // Gradient accumulation: false for every micro-step but the last.
   void set_requires_gradient_sync(bool sync);
@@ -52,11 +55,24 @@ class Parallelized {
   DataParallel* data_parallel() { return dp_.get(); }
   // The tensor-parallel layout (null with tp 1).
   TensorParallel* tensor_parallel() { return tp_.get(); }
+  // The gradients the optimizer steps on (the module's parameters', or this rank's shards'), each with how
+  // many ranks hold the same values: over the world, the sum of |g|^2 / copies is the whole gradient's
+  // |g|^2, without gathering any gradient (optim::clip_grad_norm). Call after the last backward of a step.
+  // Under ZeRO with tp > 1 a shard mixes tensor-parallel parts and whole parameters: one part per run.
+  struct GradPart {
+    at::Tensor grad;
+    int64_t copies = 1;
+  };
+  std::vector<GradPart> gradient_parts() const;
+  const comm::BackendPtr& world() const { return world_; }
   // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp; null otherwise.
   const std::shared_ptr<mesh::DeviceMesh>& mesh() const { return mesh_; }
 
  private:
   Strategy strategy_;
+  comm::BackendPtr world_;
+  int64_t tp_size_ = 1, shard_size_ = 0;
+  bool finished_ = false;  // finish_gradients() ran since the last step
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Zero> zero_;

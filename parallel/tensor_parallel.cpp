@@ -304,6 +304,13 @@ std::string TensorParallel::describe() const {
   return out.str();
 }
 
+bool TensorParallel::is_sharded(const at::Tensor& t) const {
+  for (const auto& s : state_->sharded) {
+    if (s.tensor.is_same(t)) return true;
+  }
+  return false;
+}
+
 TensorParallel::Part TensorParallel::part_of(const std::string& param_name) const {
   for (const auto& s : state_->sharded) {
     if (s.module + "." + s.param == param_name) return s.part;

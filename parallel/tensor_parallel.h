@@ -98,6 +98,8 @@ class TensorParallel {
     int64_t start = 0, count = -1, global = 0;
   };
   Part part_of(const std::string& param_name) const;
+  // Whether `t` is (the module's tensor of) a parameter this layout split.
+  bool is_sharded(const at::Tensor& t) const;
 
   struct State;
 

@@ -83,6 +83,9 @@ class Zero {
   // held at the moment (stage 2's full buckets while a backward needs them).
   ModelStateMemory memory() const { return dp_.memory(optimizer_.get()); }
   std::vector<std::vector<std::string>> buckets() const { return dp_.buckets(); }
+  // Which parameter each run of this rank's shard of each bucket holds (the optimizer's tensors are the
+  // buckets' shards, in bucket order).
+  std::vector<DataParallel::ShardSegment> shard_segments() const { return dp_.shard_segments(); }
   PassTimeline last_pass() const { return dp_.last_pass(); }
 
  private:

@@ -29,6 +29,10 @@ void suite_hsdp(const comm::BackendPtr& world);
 void suite_tp(const comm::BackendPtr& world);
 // 2-d at 4 ranks: dp × tp and zero3 × tp on a [2, 2] mesh, the same parity.
 void suite_tp2d(const comm::BackendPtr& world);
+// optim::clip_grad_norm (tests/worker_numerics.cpp) under dp, zero1-3, hsdp (4 ranks), tp with and without
+// sequence parallel, dp, zero1 and zero3 × tp (4 ranks): the norm equal to one process's, one all-reduce of 8
+// bytes, 5 steps equal to one process clipping with libtorch.
+void suite_clip(const comm::BackendPtr& world);
 
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,

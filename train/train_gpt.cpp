@@ -13,6 +13,7 @@
 #include "comm/init.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
+#include "optim/clip.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
 #include "parallel/strategy.h"
@@ -75,20 +76,22 @@ class StepLog {
   bool wants(int64_t step) const {
     return !o_.metrics.empty() || step == 1 || step % o_.log_every == 0 || step == o_.steps;
   }
-  void step(int64_t step, double loss) {
+  // grad_norm: the global gradient norm before clipping (with --clip), else negative.
+  void step(int64_t step, double loss, double grad_norm) {
     if (step == 1) first_loss = loss;
     last_loss = loss;
     if (!lead_) return;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     double rate = static_cast<double>(step * tokens_per_step_) / secs;
     if (metrics_.is_open()) {
-      metrics_ << nlohmann::json{{"step", step}, {"loss", loss}, {"elapsed_s", secs}, {"tokens_per_s", rate}}
-                      .dump()
-               << "\n";
+      nlohmann::json j{{"step", step}, {"loss", loss}, {"elapsed_s", secs}, {"tokens_per_s", rate}};
+      if (grad_norm >= 0) j["grad_norm"] = grad_norm;
+      metrics_ << j.dump() << "\n";
       metrics_.flush();
     }
     if (step == 1 || step % o_.log_every == 0 || step == o_.steps) {
-      std::printf("step %5ld  loss %.4f  %.0f tokens/s\n", static_cast<long>(step), loss, rate);
+      std::printf("step %5ld  loss %.4f  %.0f tokens/s%s\n", static_cast<long>(step), loss, rate,
+                  grad_norm >= 0 ? str_cat("  grad norm ", grad_norm).c_str() : "");
       std::fflush(stdout);
     }
   }
@@ -186,6 +189,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       if (last && dp) dp->reduce_with_gradients(global_loss);  // rides with the gradients
       (loss * (weight * static_cast<double>(n))).backward();
     }
+    const double grad_norm = o.clip > 0 ? optim::clip_grad_norm(*par, o.clip) : -1.0;
     par->step();
     if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
     if (log.wants(step)) {
@@ -193,7 +197,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
         world->all_reduce(global_loss)->wait();
         global_loss /= static_cast<double>(o.tp);
       }
-      log.step(step, global_loss.item<double>());
+      log.step(step, global_loss.item<double>(), grad_norm);
     }
   }
   // Model state as training leaves it (before the evaluation below gathers ZeRO-3's units for its forward).
@@ -261,6 +265,10 @@ int train_gpt(const TrainOptions& o) {
   if (o.shard_size != 0 && strategy != parallel::Strategy::kHybridShard) {
     throw ValueError(str_cat("train: --shard-size ", o.shard_size, " is for --strategy hsdp only, not ",
                              o.strategy, ". Leave it out, or use --strategy hsdp."));
+  }
+  if (!(o.clip >= 0) || !std::isfinite(o.clip)) {
+    throw ValueError(str_cat("train: --clip ", o.clip,
+                             " must be a positive gradient norm (or 0: no clipping). Use e.g. --clip 1.0."));
   }
   if (o.sequence_parallel && o.tp == 1) {
     throw ValueError(

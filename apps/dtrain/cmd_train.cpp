@@ -38,6 +38,11 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
        "--accumulation", o.accumulation,
        "Micro-batches per step: the global batch is split this many ways, gradients communicated once")
       ->capture_default_str();
+  c->add_option(
+       "--clip", o.clip,
+       "Clip the gradients to this global L2 norm over every shard and mesh axis (0: no clipping); the "
+       "norm before clipping is logged")
+      ->capture_default_str();
   c->add_option("--metrics", o.metrics,
                 "Write one JSON object per step (step, loss, elapsed_s) to this file");
   c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();

@@ -1,0 +1,41 @@
+// Global-norm clipping; see clip.h.
+#include "optim/clip.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "tensor/comm_log.h"
+
+namespace dtrain::optim {
+
+double clip_grad_norm(parallel::Parallelized& par, double max_norm) {
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) {
+    throw ValueError(str_cat("clip_grad_norm: max_norm = ", max_norm, " must be a positive finite number."));
+  }
+  par.finish_gradients();
+  const auto parts = par.gradient_parts();
+  at::NoGradGuard no_grad;
+  at::Tensor sum = at::zeros({1}, at::kDouble);
+  for (const auto& p : parts) {
+    if (!p.grad.defined()) continue;
+    sum += p.grad.detach().to(at::kDouble).pow(2).sum() / static_cast<double>(p.copies);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  par.world()->all_reduce(sum)->wait();
+  tensor::CommLog::instance().record(
+      tensor::CommRecord{"clip_grad_norm", tensor::StepKind::kAllReduce, 0, 8, 0.0,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  const double norm = std::sqrt(sum.item<double>());
+  const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+  if (coef < 1.0) {
+    for (const auto& p : parts) {
+      if (p.grad.defined()) p.grad.mul_(coef);  // (a run of a ZeRO shard: a view, scaled in place)
+    }
+  }
+  return norm;
+}
+
+}  // namespace dtrain::optim

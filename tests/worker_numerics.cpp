@@ -1,0 +1,122 @@
+// The numerics suites (see worker_suites.h): optim::clip_grad_norm under every strategy against
+// torch::nn::utils::clip_grad_norm_ on one process.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "models/gpt.h"
+#include "optim/clip.h"
+#include "parallel/data_parallel.h"
+#include "parallel/parallelize.h"
+#include "tensor/comm_log.h"
+#include "tests/worker_checks.h"
+#include "tests/worker_suites.h"
+#include "train/train_gpt.h"
+
+namespace dtrain::test {
+
+namespace {
+
+models::GPTConfig clip_gpt() {
+  models::GPTConfig c;
+  c.vocab_size = 48;
+  c.block_size = 12;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.seed = 21;
+  return c;
+}
+
+// 5 AdamW steps with the gradients clipped to half of the first step's norm (so that every step clips), in
+// float64, under `strategy` × tp, against one process with libtorch's clip_grad_norm_: each step's norm
+// within 1e-6, each final parameter within 1e-5; the clipping itself one all-reduce of 8 bytes, no gradient
+// gathered.
+void check_clip(const comm::BackendPtr& world, const std::string& strategy, int64_t tp,
+                int64_t shard_size = 0, bool sp = false) {
+  const std::string tag = str_cat("clip ", strategy, " x tp ", tp, sp ? " + sequence parallel" : "", ": ");
+  const models::GPTConfig cfg = clip_gpt();
+  const int64_t B = 7, T = cfg.block_size;
+  const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
+  models::GPT ref(cfg), gpt(cfg);
+  ref->to(at::kDouble);
+  gpt->to(at::kDouble);
+  auto adamw = [](std::vector<at::Tensor> params) {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+  };
+  auto ref_opt = adamw(ref->parameters());
+  parallel::ParallelConfig pc;
+  pc.strategy = strategy;
+  pc.tp = tp;
+  pc.shard_size = shard_size;
+  if (tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, sp);
+  auto par = parallel::parallelize(*gpt, world, pc, adamw);
+  double max_norm = 0;
+  for (int64_t step = 1; step <= 5; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(900 + step);
+    at::Tensor w = at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
+    ref_opt->zero_grad();
+    ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
+    if (step == 1) {
+      double sq = 0;
+      for (const auto& p : ref->parameters()) sq += p.grad().pow(2).sum().item<double>();
+      max_norm = 0.5 * std::sqrt(sq);
+    }
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm);
+    ref_opt->step();
+
+    par->zero_grad();
+    parallel::RowRange mine = parallel::split_rows(B, ndp, dp_rank);
+    at::Tensor rows = w.narrow(0, mine.start, mine.count);
+    at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
+    (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B))).backward();
+    tensor::CommLog::instance().clear();
+    const double norm = optim::clip_grad_norm(*par, max_norm);
+    auto c = tensor::CommLog::instance().totals();
+    int64_t clip_bytes = 0;
+    for (const auto& r : tensor::CommLog::instance().records()) {
+      if (r.cause == "clip_grad_norm") clip_bytes += r.bytes;
+    }
+    // (under sequence parallel the step's whole-parameter gradients are summed first, once)
+    check_true(
+        str_cat(tag, "step ", step, ": clipping issues one all-reduce of 8 bytes (got ", c.collectives,
+                " collectives, ", c.by_cause["clip_grad_norm"], " for the norm, of ", clip_bytes, " bytes)"),
+        c.by_cause["clip_grad_norm"] == 1 && clip_bytes == 8 && c.by_kind["all_reduce"] == c.collectives &&
+            c.collectives == (sp ? 2 : 1) && (!sp || c.by_cause["tp sequence-parallel gradients"] == 1));
+    check_relative(str_cat(tag, "step ", step, " norm"), at::full({1}, norm, at::kDouble),
+                   at::full({1}, ref_norm, at::kDouble), 1e-6);
+    par->step();
+  }
+  auto have = gpt->named_parameters();
+  for (const auto& item : ref->named_parameters()) {
+    at::Tensor expected = item.value().detach();
+    if (auto* tpl = par->tensor_parallel()) {
+      const auto p = tpl->part_of(item.key());
+      if (p.count >= 0) expected = expected.narrow(p.dim, p.start, p.count);
+    }
+    check_relative(str_cat(tag, "final ", item.key()), have[item.key()].detach().clone(), expected, 1e-5);
+  }
+}
+
+}  // namespace
+
+void suite_clip(const comm::BackendPtr& world) {
+  const int64_t n = world->group_size();
+  for (const char* s : {"dp", "zero1", "zero2", "zero3"}) check_clip(world, s, 1);
+  if (n == 4) check_clip(world, "hsdp", 1, 2);
+  if (n > 1) {
+    check_clip(world, "dp", n);
+    check_clip(world, "dp", n, 0, true);
+  }
+  if (n == 4) {
+    check_clip(world, "dp", 2);
+    check_clip(world, "zero3", 2);
+    check_clip(world, "zero1", 2);
+  }
+}
+
+}  // namespace dtrain::test
