@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "models/gpt.h"
 #include "optim/clip.h"
+#include "optim/mixed_precision.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
 #include "tensor/comm_log.h"
@@ -102,6 +103,89 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
   }
 }
 
+// Mixed precision under data parallel against the same recipe on one process with plain libtorch (the model
+// in `precision`, fp32 masters stepped by AdamW, fp16's loss scaled by 2^16 and unscaled into the masters):
+// each step's loss within a bound from the format's unit roundoff u (2^-8 bf16, 2^-11 fp16): 4u relative. At
+// `inf_step` the last rank's gradients hold an inf: every rank skips that step (the parameters stay) and
+// training goes on.
+void check_mixed(const comm::BackendPtr& world, optim::Precision precision, int64_t steps,
+                 int64_t inf_step = 0) {
+  const std::string tag = str_cat("mixed precision ", optim::to_string(precision), ": ");
+  const at::ScalarType dt = optim::compute_dtype(precision);
+  const double u = precision == optim::Precision::kBf16 ? 1.0 / 256 : 1.0 / 2048;
+  const models::GPTConfig cfg = clip_gpt();
+  const int64_t B = 7, T = cfg.block_size, n = world->group_size(), me = world->group_rank();
+  models::GPT ref(cfg), gpt(cfg);
+  ref->to(dt);
+  gpt->to(dt);
+  auto adamw = [](std::vector<at::Tensor> params) {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+  };
+  // the reference: masters by hand
+  std::vector<at::Tensor> ref_params = ref->parameters(), ref_masters;
+  for (const auto& p : ref_params)
+    ref_masters.push_back(p.detach().to(at::kFloat).clone().requires_grad_(true));
+  auto ref_opt = adamw(ref_masters);
+  // (fp16: 2^10, so that the scaled loss stays finite in fp16 and the scale stays put over these steps)
+  const double scale = precision == optim::Precision::kFp16 ? 1024.0 : 1.0;
+  optim::LossScalerOptions so;
+  so.initial_scale = 1024;
+  optim::MixedPrecision mp(precision, so);
+  parallel::ParallelConfig pc;
+  optim::MixedPrecision::check(precision, pc);
+  auto par = parallel::parallelize(*gpt, world, pc, mp.wrap(adamw));
+  for (int64_t step = 1; step <= steps; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(700 + step);
+    at::Tensor w = at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
+    at::Tensor ref_loss = ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
+    (ref_loss * scale).backward();
+    if (step != inf_step) {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < ref_params.size(); ++i) {
+        ref_masters[i].mutable_grad() = ref_params[i].grad().to(at::kFloat) / scale;
+        ref_params[i].mutable_grad().reset();
+      }
+      ref_opt->step();
+      for (size_t i = 0; i < ref_params.size(); ++i) ref_params[i].detach().copy_(ref_masters[i]);
+    } else {
+      for (auto& p : ref_params) p.mutable_grad().reset();
+    }
+    ref_opt->zero_grad();
+
+    parallel::RowRange mine = parallel::split_rows(B, n, me);
+    at::Tensor rows = w.narrow(0, mine.start, mine.count);
+    at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
+    (loss * (static_cast<double>(mine.count * n) / static_cast<double>(B) * mp.loss_scale())).backward();
+    const double share = loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B);
+    std::vector<at::Tensor> before;
+    if (step == inf_step) {
+      for (const auto& p : gpt->parameters()) before.push_back(p.detach().clone());
+      if (me == n - 1) gpt->parameters().front().grad().view({-1})[0] = INFINITY;
+    }
+    tensor::CommLog::instance().clear();
+    const bool ok = mp.unscale(*par);
+    check_true(str_cat(tag, "step ", step, ": the overflow check is one all-reduce (got ",
+                       tensor::CommLog::instance().totals().collectives, ")"),
+               tensor::CommLog::instance().totals().collectives == 1);
+    check_true(str_cat(tag, "step ", step, (step == inf_step ? ": skipped" : ": taken"), " on every rank"),
+               ok == (step != inf_step));
+    if (ok) {
+      par->step();
+      mp.copy_back();
+    } else {
+      par->zero_grad();
+      auto params = gpt->parameters();
+      bool same = true;
+      for (size_t i = 0; i < params.size(); ++i) same = same && at::equal(params[i].detach(), before[i]);
+      check_true(str_cat(tag, "step ", step, ": the skipped step leaves the parameters as they were"), same);
+    }
+    at::Tensor l = at::full({1}, share, at::kDouble);
+    world->all_reduce(l)->wait();
+    check_relative(str_cat(tag, "step ", step, " loss"), l, ref_loss.detach().to(at::kDouble).view({1}),
+                   4 * u);
+  }
+  check_true(str_cat(tag, "steps skipped: ", mp.skipped()), mp.skipped() == (inf_step > 0 ? 1 : 0));
+}
 }  // namespace
 
 void suite_clip(const comm::BackendPtr& world) {
@@ -117,6 +201,8 @@ void suite_clip(const comm::BackendPtr& world) {
     check_clip(world, "zero3", 2);
     check_clip(world, "zero1", 2);
   }
+  check_mixed(world, optim::Precision::kBf16, 4);
+  check_mixed(world, optim::Precision::kFp16, 8, 3);
 }
 
 }  // namespace dtrain::test

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "optim/clip.h"
+#include "optim/mixed_precision.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
 #include "parallel/strategy.h"
@@ -141,11 +142,15 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
   pc.tp = o.tp;
   pc.tp_plan = gpt_tensor_parallel_plan(cfg, o.sequence_parallel);
   pc.buckets = dpo;
-  if (zero_stage == 0) pc.buckets.side_values = 1;  // the step's loss travels with the last gradient bucket
-  auto par = parallel::parallelize(*gpt, world, pc, [&](std::vector<at::Tensor> tensors) {
+  const optim::Precision precision = optim::parse_precision(o.precision);
+  // the step's loss travels with the last gradient bucket (fp32 buckets only: not through a 16-bit one)
+  const bool loss_rides = zero_stage == 0 && precision == optim::Precision::kFp32;
+  if (loss_rides) pc.buckets.side_values = 1;
+  optim::MixedPrecision mp(precision);
+  auto par = parallel::parallelize(*gpt, world, pc, mp.wrap([&](std::vector<at::Tensor> tensors) {
     return std::make_unique<torch::optim::AdamW>(tensors, adamw);
-  });
-  parallel::DataParallel* dp = par->data_parallel();
+  }));
+  parallel::DataParallel* dp = loss_rides ? par->data_parallel() : nullptr;
   const bool lead = world->group_rank() == 0;
   if (lead && o.tp > 1) {
     std::printf(
@@ -187,10 +192,17 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       share += loss.item<double>() * weight;
       global_loss = at::full({1}, share, at::kDouble);
       if (last && dp) dp->reduce_with_gradients(global_loss);  // rides with the gradients
-      (loss * (weight * static_cast<double>(n))).backward();
+      // (16-bit: the loss scaled in fp32, so that the scale itself cannot overflow the format)
+      (loss.to(at::kFloat) * (weight * static_cast<double>(n) * mp.loss_scale())).backward();
     }
-    const double grad_norm = o.clip > 0 ? optim::clip_grad_norm(*par, o.clip) : -1.0;
-    par->step();
+    const bool take = mp.unscale(*par);  // 16-bit: into the fp32 masters; false for an inf or nan
+    const double grad_norm = take && o.clip > 0 ? optim::clip_grad_norm(*par, o.clip) : -1.0;
+    if (take) {
+      par->step();
+      mp.copy_back();
+    } else {
+      par->zero_grad();
+    }
     if (step == o.steps) last_step_comm = tensor::CommLog::instance().summary();
     if (log.wants(step)) {
       if (!dp) {  // dp's came with the gradients; the ranks of a tp group hold the same share
@@ -212,6 +224,11 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
   }
   if (lead) {
     print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm);
+    if (precision != optim::Precision::kFp32) {
+      std::printf("mixed precision %s with fp32 master weights: %ld steps skipped for an inf or nan%s\n",
+                  optim::to_string(precision), static_cast<long>(mp.skipped()),
+                  precision == optim::Precision::kFp16 ? str_cat("; ", mp.scaler().to_string()).c_str() : "");
+    }
     int64_t psi = 0;
     for (const auto& p : gpt->parameters()) psi += p.numel();
     const double mib = static_cast<double>(psi) / (1 << 20);
@@ -270,6 +287,12 @@ int train_gpt(const TrainOptions& o) {
     throw ValueError(str_cat("train: --clip ", o.clip,
                              " must be a positive gradient norm (or 0: no clipping). Use e.g. --clip 1.0."));
   }
+  {
+    parallel::ParallelConfig pc;
+    pc.strategy = o.strategy;
+    pc.tp = o.tp;
+    optim::MixedPrecision::check(optim::parse_precision(o.precision), pc);
+  }
   if (o.sequence_parallel && o.tp == 1) {
     throw ValueError(
         "train: --sequence-parallel needs --tp of 2 or more (it splits the sequence over the "
@@ -303,6 +326,7 @@ int train_gpt(const TrainOptions& o) {
   cfg.vocab_size = 256;  // bytes
   cfg.seed = o.seed;
   models::GPT gpt(cfg);
+  gpt->to(optim::compute_dtype(optim::parse_precision(o.precision)));  // fp32: as built
   int64_t n_params = 0;
   double sum_squares = 0;  // of the initial weights: a fingerprint a peer (bench/gpt_ddp.py) can compare
   for (const auto& p : gpt->parameters()) {

@@ -43,6 +43,11 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
        "Clip the gradients to this global L2 norm over every shard and mesh axis (0: no clipping); the "
        "norm before clipping is logged")
       ->capture_default_str();
+  c->add_option(
+       "--precision", o.precision,
+       "fp32, bf16 or fp16: compute precision, with fp32 master weights in the optimizer and, for fp16, "
+       "DeepSpeed's dynamic loss scaling (initial 2^16, window 1000, hysteresis 2); --strategy dp only")
+      ->capture_default_str();
   c->add_option("--metrics", o.metrics,
                 "Write one JSON object per step (step, loss, elapsed_s) to this file");
   c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();

@@ -1,0 +1,100 @@
+// Mixed precision; see mixed_precision.h.
+#include "optim/mixed_precision.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "tensor/comm_log.h"
+
+namespace dtrain::optim {
+
+Precision parse_precision(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "fp32" || n == "float32") return Precision::kFp32;
+  if (n == "bf16" || n == "bfloat16") return Precision::kBf16;
+  if (n == "fp16" || n == "float16" || n == "half") return Precision::kFp16;
+  throw ValueError(str_cat("precision '", name, "' is not one of fp32, bf16, fp16."));
+}
+
+const char* to_string(Precision p) {
+  return p == Precision::kFp32 ? "fp32" : p == Precision::kBf16 ? "bf16" : "fp16";
+}
+
+at::ScalarType compute_dtype(Precision p) {
+  return p == Precision::kFp32 ? at::kFloat : p == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
+}
+
+MixedPrecision::MixedPrecision(Precision precision, LossScalerOptions scaler)
+    : precision_(precision), scaler_(scaler) {}
+
+void MixedPrecision::check(Precision precision, const parallel::ParallelConfig& config) {
+  if (precision == Precision::kFp32) return;
+  const parallel::Strategy s = parallel::parse_strategy(config.strategy);
+  if (s != parallel::Strategy::kDataParallel || config.tp > 1) {
+    throw NotSupportedError(
+        str_cat("mixed precision: ", to_string(precision), " with strategy ", config.strategy,
+                config.tp > 1 ? str_cat(" and tp ", config.tp) : std::string(),
+                " is not built yet (fp32 masters of ZeRO shards and tensor-parallel parts "
+                "are to come). Use strategy dp with tp 1, or precision fp32."));
+  }
+}
+
+parallel::OptimizerFactory MixedPrecision::wrap(parallel::OptimizerFactory make) {
+  return [this, make](std::vector<at::Tensor> tensors) {
+    if (precision_ == Precision::kFp32) return make(std::move(tensors));
+    params_ = tensors;
+    masters_.clear();
+    for (const auto& t : tensors) {
+      masters_.push_back(t.detach().to(at::kFloat).clone().requires_grad_(t.requires_grad()));
+    }
+    return make(masters_);
+  };
+}
+
+bool MixedPrecision::unscale(parallel::Parallelized& par) {
+  if (precision_ == Precision::kFp32) return true;
+  par.finish_gradients();
+  at::NoGradGuard no_grad;
+  const double inv = 1.0 / loss_scale();
+  at::Tensor bad = at::zeros({1}, at::kFloat);  // any inf or nan on this rank
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor g = params_[i].grad();
+    if (!g.defined()) {
+      masters_[i].mutable_grad() = at::Tensor();
+      continue;
+    }
+    at::Tensor m = g.to(at::kFloat).mul_(inv);
+    bad += at::logical_not(at::isfinite(m)).any().to(at::kFloat);
+    masters_[i].mutable_grad() = m;
+    params_[i].mutable_grad().reset();  // as the optimizer's zero_grad would (the masters hold them now)
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::kMax;
+  par.world()->all_reduce(bad, o)->wait();
+  tensor::CommLog::instance().record(
+      tensor::CommRecord{"mixed precision overflow check", tensor::StepKind::kAllReduce, 0, 4, 0.0,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  const bool overflow = bad.item<float>() > 0;
+  if (precision_ == Precision::kFp16) {
+    scaler_.update(overflow);
+  } else if (overflow) {  // bf16: no scale to lower; the step is skipped all the same
+    ++bf16_skipped_;
+  }
+  if (overflow) {
+    for (auto& m : masters_) m.mutable_grad() = at::Tensor();
+  }
+  return !overflow;
+}
+
+void MixedPrecision::copy_back() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].detach().copy_(masters_[i]);
+}
+
+}  // namespace dtrain::optim
