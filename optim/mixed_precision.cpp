@@ -34,13 +34,12 @@ MixedPrecision::MixedPrecision(Precision precision, LossScalerOptions scaler)
 
 void MixedPrecision::check(Precision precision, const parallel::ParallelConfig& config) {
   if (precision == Precision::kFp32) return;
-  const parallel::Strategy s = parallel::parse_strategy(config.strategy);
-  if (s != parallel::Strategy::kDataParallel || config.tp > 1) {
+  parallel::parse_strategy(config.strategy);  // (a bad name: the names table's message)
+  if (config.tp > 1) {
     throw NotSupportedError(
-        str_cat("mixed precision: ", to_string(precision), " with strategy ", config.strategy,
-                config.tp > 1 ? str_cat(" and tp ", config.tp) : std::string(),
-                " is not built yet (fp32 masters of ZeRO shards and tensor-parallel parts "
-                "are to come). Use strategy dp with tp 1, or precision fp32."));
+        str_cat("mixed precision: ", to_string(precision), " with tp ", config.tp,
+                " is not built yet (fp32 masters of tensor-parallel parts are to come). Use "
+                "tp 1, or precision fp32."));
   }
 }
 
@@ -90,6 +89,12 @@ bool MixedPrecision::unscale(parallel::Parallelized& par) {
     for (auto& m : masters_) m.mutable_grad() = at::Tensor();
   }
   return !overflow;
+}
+
+int64_t MixedPrecision::master_bytes() const {
+  int64_t b = 0;
+  for (const auto& m : masters_) b += m.numel() * m.element_size();
+  return b;
 }
 
 void MixedPrecision::copy_back() {

@@ -6,7 +6,7 @@
 // Use: convert the module (`module->to(at::kBFloat16)`), build it with parallelize(..., mp.wrap(make)) so
 // that the optimizer steps the masters, then per step:
 //   (loss * mp.loss_scale()).backward();        // each micro-step
-//   if (mp.unscale(*par)) { par->step(); mp.copy_back(); }  // false: an inf or nan, the step is skipped
+//   if (mp.unscale(*par)) par->step([&] { mp.copy_back(); });  // false: an inf or nan, the step is skipped
 //   else par->zero_grad();
 // unscale() moves the reduced 16-bit gradients into the masters' fp32 gradients (divided by the scale) and
 // decides, the same on every rank, whether any rank's gradients hold an inf or a nan (one all-reduce of one
@@ -32,19 +32,21 @@ at::ScalarType compute_dtype(Precision p);
 class MixedPrecision {
  public:
   explicit MixedPrecision(Precision precision, LossScalerOptions scaler = {});
-  // NotSupportedError for a configuration this is not built for (ZeRO, hsdp, tp > 1 with 16-bit precision).
+  // NotSupportedError for a configuration this is not built for (tp > 1 with 16-bit precision).
   static void check(Precision precision, const parallel::ParallelConfig& config);
   // A factory that makes fp32 masters of the tensors it is given and hands them to `make`.
   parallel::OptimizerFactory wrap(parallel::OptimizerFactory make);
   double loss_scale() const { return precision_ == Precision::kFp16 ? scaler_.scale() : 1.0; }
   // See above. fp32: nothing to move, always true.
   bool unscale(parallel::Parallelized& par);
-  // The masters' new values into the 16-bit parameters.
+  // The masters' new values into the 16-bit parameters (or shards: before ZeRO gathers them, see step()).
   void copy_back();
   const LossScaler& scaler() const { return scaler_; }
   // Steps skipped for an inf or nan.
   int64_t skipped() const { return precision_ == Precision::kFp16 ? scaler_.skipped() : bf16_skipped_; }
   Precision precision() const { return precision_; }
+  // Bytes of this rank's fp32 masters (0 under fp32).
+  int64_t master_bytes() const;
 
  private:
   Precision precision_;

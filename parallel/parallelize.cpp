@@ -89,13 +89,14 @@ void Parallelized::finish_gradients() {
   finished_ = true;
 }
 
-void Parallelized::step() {
+void Parallelized::step(const std::function<void()>& after_optimizer) {
   finish_gradients();
   finished_ = false;
   if (zero_) {
-    zero_->step();
+    zero_->step(after_optimizer);
   } else {
     optimizer_->step();
+    if (after_optimizer) after_optimizer();
   }
 }
 

@@ -7,6 +7,7 @@
 // (dp, zero1-3) over the dp axis.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,7 +45,9 @@ class Parallelized {
   // Finishes this step's tensor-parallel gradients (sequence parallel: sums the whole parameters' over the tp
   // group), once per step; step() and optim::clip_grad_norm call it.
   void finish_gradients();
-  void step();
+  // The optimizer's step; `after_optimizer` (if given) runs right after it, before ZeRO all-gathers the
+  // parameters from the shards (mixed precision copies its fp32 masters into the shards there).
+  void step(const std::function<void()>& after_optimizer = {});
   // Gradient accumulation: false for every micro-step but the last.
   void set_requires_gradient_sync(bool sync);
   ModelStateMemory memory() const;

@@ -90,8 +90,9 @@ Zero::Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const O
 
 void Zero::zero_grad() { optimizer_->zero_grad(); }
 
-void Zero::step() {
+void Zero::step(const std::function<void()>& after_optimizer) {
   optimizer_->step();
+  if (after_optimizer) after_optimizer();
   dp_.gather_parameters();
 }
 

@@ -74,8 +74,9 @@ class Zero {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   // Drops the shards' gradients (the parameters hold none between steps under ZeRO).
   void zero_grad();
-  // The optimizer's step on this rank's shards, then every rank's shards all-gathered into the parameters.
-  void step();
+  // The optimizer's step on this rank's shards, then `after_optimizer` (if given: mixed precision's masters
+  // into the shards), then every rank's shards all-gathered into the parameters.
+  void step(const std::function<void()>& after_optimizer = {});
   // Gradient accumulation, as DataParallel::set_requires_gradient_sync.
   void set_requires_gradient_sync(bool sync) { dp_.set_requires_gradient_sync(sync); }
   // Parameters, gradients (stage 1: the full gradient buckets, this rank's shard reduced in them; stage 2:

@@ -2,6 +2,7 @@
 #include "tests/worker_checks.h"
 
 #include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 
 #include "core/error.h"
 #include "tensor/redistribute.h"
@@ -123,6 +124,17 @@ void check_relative(const std::string& what, const at::Tensor& actual, const at:
   if (!(diff <= tol * scale)) {
     g_failures += str_cat("FAIL ", what, ": |diff| ", diff, " > ", tol, " x |expected| ", scale, "\n");
   }
+}
+
+std::unique_ptr<torch::optim::Optimizer> parity_adamw(std::vector<at::Tensor> params) {
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+}
+
+std::pair<models::GPT, models::GPT> twin_gpts(const models::GPTConfig& cfg, at::ScalarType dtype) {
+  models::GPT ref(cfg), gpt(cfg);
+  ref->to(dtype);
+  gpt->to(dtype);
+  return {ref, gpt};
 }
 
 }  // namespace dtrain::test

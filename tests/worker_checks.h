@@ -4,11 +4,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include <string>
 #include <vector>
 
 #include "mesh/device_mesh.h"
+#include "models/gpt.h"
 #include "tensor/placement.h"
 
 namespace dtrain::test {
@@ -26,6 +28,12 @@ void check_true(const std::string& what, bool ok);
 // noise) holds only float64 noise, about 1e-14: it compares against an absolute floor of 1e-10.
 void check_relative(const std::string& what, const at::Tensor& actual, const at::Tensor& expected,
                     double tol);
+
+// The strategy parity tests' optimizer: AdamW(lr 3e-3, weight decay 0.1) over `params` (an OptimizerFactory).
+std::unique_ptr<torch::optim::Optimizer> parity_adamw(std::vector<at::Tensor> params);
+// Two models::GPT of `cfg` in `dtype` with the same initial values: the one-process reference and the model
+// to lay out.
+std::pair<models::GPT, models::GPT> twin_gpts(const models::GPTConfig& cfg, at::ScalarType dtype);
 
 // Integer-valued data of `shape` (double, values -6..6), different per salt.
 at::Tensor data(std::vector<int64_t> shape, int salt);

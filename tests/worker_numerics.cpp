@@ -43,12 +43,8 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
   const models::GPTConfig cfg = clip_gpt();
   const int64_t B = 7, T = cfg.block_size;
   const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
-  models::GPT ref(cfg), gpt(cfg);
-  ref->to(at::kDouble);
-  gpt->to(at::kDouble);
-  auto adamw = [](std::vector<at::Tensor> params) {
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
-  };
+  auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
+  const auto adamw = parity_adamw;
   auto ref_opt = adamw(ref->parameters());
   parallel::ParallelConfig pc;
   pc.strategy = strategy;
@@ -109,18 +105,14 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
 // `inf_step` the last rank's gradients hold an inf: every rank skips that step (the parameters stay) and
 // training goes on.
 void check_mixed(const comm::BackendPtr& world, optim::Precision precision, int64_t steps,
-                 int64_t inf_step = 0) {
-  const std::string tag = str_cat("mixed precision ", optim::to_string(precision), ": ");
+                 int64_t inf_step = 0, const std::string& strategy = "dp") {
+  const std::string tag = str_cat("mixed precision ", optim::to_string(precision), " ", strategy, ": ");
   const at::ScalarType dt = optim::compute_dtype(precision);
   const double u = precision == optim::Precision::kBf16 ? 1.0 / 256 : 1.0 / 2048;
   const models::GPTConfig cfg = clip_gpt();
   const int64_t B = 7, T = cfg.block_size, n = world->group_size(), me = world->group_rank();
-  models::GPT ref(cfg), gpt(cfg);
-  ref->to(dt);
-  gpt->to(dt);
-  auto adamw = [](std::vector<at::Tensor> params) {
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
-  };
+  auto [ref, gpt] = twin_gpts(cfg, dt);
+  const auto adamw = parity_adamw;
   // the reference: masters by hand
   std::vector<at::Tensor> ref_params = ref->parameters(), ref_masters;
   for (const auto& p : ref_params)
@@ -132,6 +124,7 @@ void check_mixed(const comm::BackendPtr& world, optim::Precision precision, int6
   so.initial_scale = 1024;
   optim::MixedPrecision mp(precision, so);
   parallel::ParallelConfig pc;
+  pc.strategy = strategy;
   optim::MixedPrecision::check(precision, pc);
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap(adamw));
   for (int64_t step = 1; step <= steps; ++step) {
@@ -155,13 +148,18 @@ void check_mixed(const comm::BackendPtr& world, optim::Precision precision, int6
     parallel::RowRange mine = parallel::split_rows(B, n, me);
     at::Tensor rows = w.narrow(0, mine.start, mine.count);
     at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
-    (loss * (static_cast<double>(mine.count * n) / static_cast<double>(B) * mp.loss_scale())).backward();
-    const double share = loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B);
     std::vector<at::Tensor> before;
-    if (step == inf_step) {
+    if (step == inf_step) {  // (ZeRO-3: reading the parameters gathers them, on every rank alike)
       for (const auto& p : gpt->parameters()) before.push_back(p.detach().clone());
-      if (me == n - 1) gpt->parameters().front().grad().view({-1})[0] = INFINITY;
     }
+    // An inf on the last rank: in one gradient element under dp (the others' stay finite: only the check's
+    // all-reduce tells them); under ZeRO, whose reduced gradients live in the shards, in its loss.
+    const bool poison = step == inf_step && me == n - 1;
+    const double inf_loss = poison && strategy != "dp" ? INFINITY : 1.0;
+    (loss * (static_cast<double>(mine.count * n) / static_cast<double>(B) * mp.loss_scale() * inf_loss))
+        .backward();
+    const double share = loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B);
+    if (poison && strategy == "dp") gpt->parameters().front().grad().view({-1})[0] = INFINITY;
     tensor::CommLog::instance().clear();
     const bool ok = mp.unscale(*par);
     check_true(str_cat(tag, "step ", step, ": the overflow check is one all-reduce (got ",
@@ -170,8 +168,7 @@ void check_mixed(const comm::BackendPtr& world, optim::Precision precision, int6
     check_true(str_cat(tag, "step ", step, (step == inf_step ? ": skipped" : ": taken"), " on every rank"),
                ok == (step != inf_step));
     if (ok) {
-      par->step();
-      mp.copy_back();
+      par->step([&] { mp.copy_back(); });
     } else {
       par->zero_grad();
       auto params = gpt->parameters();
@@ -203,6 +200,10 @@ void suite_clip(const comm::BackendPtr& world) {
   }
   check_mixed(world, optim::Precision::kBf16, 4);
   check_mixed(world, optim::Precision::kFp16, 8, 3);
+  for (const char* s : {"zero1", "zero2", "zero3"}) {
+    check_mixed(world, optim::Precision::kBf16, 3, 0, s);
+    check_mixed(world, optim::Precision::kFp16, 6, 2, s);
+  }
 }
 
 }  // namespace dtrain::test

@@ -70,12 +70,8 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
   // In float64: float32's rounding differs between one batch and its split into ranks' rows, and AdamW turns
   // that noise into whole steps for gradients that are zero in exact arithmetic (attention's key bias), so
   // only float64 can show the 1e-5 agreement of every parameter.
-  models::GPT ref(cfg), gpt(cfg);
-  ref->to(at::kDouble);
-  gpt->to(at::kDouble);
-  auto adamw = [](std::vector<at::Tensor> params) {
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
-  };
+  auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
+  const auto adamw = parity_adamw;
   auto ref_opt = adamw(ref->parameters());
   parallel::DataParallelOptions o;
   o.bucket_bytes = bucket_bytes;

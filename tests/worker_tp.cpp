@@ -115,12 +115,8 @@ void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64
   const models::GPTConfig cfg = tp_gpt(tp);
   const int64_t B = 8, T = cfg.block_size, steps = 20;
   const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
-  models::GPT ref(cfg), gpt(cfg);
-  ref->to(at::kDouble);
-  gpt->to(at::kDouble);
-  auto adamw = [](std::vector<at::Tensor> params) {
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
-  };
+  auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
+  const auto adamw = parity_adamw;
   auto ref_opt = adamw(ref->parameters());
   parallel::ParallelConfig pc;
   pc.strategy = strategy;

@@ -198,8 +198,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
     const bool take = mp.unscale(*par);  // 16-bit: into the fp32 masters; false for an inf or nan
     const double grad_norm = take && o.clip > 0 ? optim::clip_grad_norm(*par, o.clip) : -1.0;
     if (take) {
-      par->step();
-      mp.copy_back();
+      par->step([&] { mp.copy_back(); });
     } else {
       par->zero_grad();
     }
@@ -237,17 +236,25 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
         "once the ranks connected)\n",
         peak_rss_mib(), peak_rss_mib() - g_rss_before_model_mib);
     const double ns = static_cast<double>(o.shard_size > 0 ? o.shard_size : n);  // ranks sharing a copy
-    std::printf("model state per rank: %s (fp32 AdamW over %ld parameters%s: %s = %.2f MiB)\n",
-                state.to_string().c_str(), static_cast<long>(psi),
-                o.tp > 1 ? " (this rank's tensor-parallel part)" : "",
-                zero_stage == 0   ? "16 bytes each"
-                : zero_stage == 1 ? "8 + 8/N bytes each"
-                : zero_stage == 2 ? "4 + 12/N bytes each"
-                                  : "16/N bytes each",
-                zero_stage == 0   ? 16 * mib
-                : zero_stage == 1 ? (8 + 8.0 / ns) * mib
-                : zero_stage == 2 ? (4 + 12.0 / ns) * mib
-                                  : 16.0 / ns * mib);
+    if (precision != optim::Precision::kFp32) {  // the 16-bit formulas of DESIGN §5 are not printed here
+      std::printf(
+          "model state per rank: %s, plus fp32 masters %.2f MiB (%s parameters, fp32 masters and AdamW "
+          "state)\n",
+          state.to_string().c_str(), static_cast<double>(mp.master_bytes()) / (1 << 20),
+          optim::to_string(precision));
+    } else {
+      std::printf("model state per rank: %s (fp32 AdamW over %ld parameters%s: %s = %.2f MiB)\n",
+                  state.to_string().c_str(), static_cast<long>(psi),
+                  o.tp > 1 ? " (this rank's tensor-parallel part)" : "",
+                  zero_stage == 0   ? "16 bytes each"
+                  : zero_stage == 1 ? "8 + 8/N bytes each"
+                  : zero_stage == 2 ? "4 + 12/N bytes each"
+                                    : "16/N bytes each",
+                  zero_stage == 0   ? 16 * mib
+                  : zero_stage == 1 ? (8 + 8.0 / ns) * mib
+                  : zero_stage == 2 ? (4 + 12.0 / ns) * mib
+                                    : 16.0 / ns * mib);
+    }
   }
   world->barrier()->wait();
 }
