@@ -35,12 +35,6 @@ MixedPrecision::MixedPrecision(Precision precision, LossScalerOptions scaler)
 void MixedPrecision::check(Precision precision, const parallel::ParallelConfig& config) {
   if (precision == Precision::kFp32) return;
   parallel::parse_strategy(config.strategy);  // (a bad name: the names table's message)
-  if (config.tp > 1) {
-    throw NotSupportedError(
-        str_cat("mixed precision: ", to_string(precision), " with tp ", config.tp,
-                " is not built yet (fp32 masters of tensor-parallel parts are to come). Use "
-                "tp 1, or precision fp32."));
-  }
 }
 
 parallel::OptimizerFactory MixedPrecision::wrap(parallel::OptimizerFactory make) {

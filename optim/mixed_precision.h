@@ -1,7 +1,7 @@
 // Mixed precision with fp32 master weights (DESIGN §5): the module computes in bf16 or fp16, the optimizer
-// steps fp32 copies of its parameters (the masters), and fp16 scales the loss (optim::LossScaler). Built for
-// the data-parallel strategy (parallel::parallelize with strategy dp, tp 1); other strategies are refused by
-// check() with a message.
+// steps fp32 copies of its parameters (the masters), and fp16 scales the loss (optim::LossScaler). Composes
+// with every strategy of parallel::parallelize: the masters are those of the tensors the optimizer steps
+// (the module's parameters under dp, this rank's shards under ZeRO, tensor-parallel parts with tp > 1).
 //
 // Use: convert the module (`module->to(at::kBFloat16)`), build it with parallelize(..., mp.wrap(make)) so
 // that the optimizer steps the masters, then per step:
@@ -32,7 +32,7 @@ at::ScalarType compute_dtype(Precision p);
 class MixedPrecision {
  public:
   explicit MixedPrecision(Precision precision, LossScalerOptions scaler = {});
-  // NotSupportedError for a configuration this is not built for (tp > 1 with 16-bit precision).
+  // ValueError for a configuration this cannot serve (a strategy name not in the names table).
   static void check(Precision precision, const parallel::ParallelConfig& config);
   // A factory that makes fp32 masters of the tensors it is given and hands them to `make`.
   parallel::OptimizerFactory wrap(parallel::OptimizerFactory make);

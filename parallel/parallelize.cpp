@@ -75,7 +75,8 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
   if (!(tp_ && world->group_size() == 1)) {
     dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);
   }
-  optimizer_ = make(module.parameters());
+  given_ = module.parameters();
+  optimizer_ = make(given_);
   if (!optimizer_) throw ValueError("parallelize: the optimizer factory returned no optimizer.");
 }
 
@@ -144,11 +145,13 @@ std::vector<Parallelized::GradPart> Parallelized::gradient_parts() const {
     }
     return out;
   }
+  size_t i = 0;  // (the optimizer's tensors follow given_: the parameters, or their fp32 masters)
   for (const auto& g : optimizer_->param_groups()) {
     for (const auto& p : g.params()) {
       // data parallel: every data-parallel rank holds the same gradient; a parameter tensor parallelism left
       // whole is also the same on every rank of its tp group
-      const bool part = tp_ && tp_->is_sharded(p);
+      const bool part = tp_ && i < given_.size() && tp_->is_sharded(given_[i]);
+      ++i;
       out.push_back(GradPart{p.grad(), part || !tp_ ? ndp : ndp * tp_size_});
     }
   }

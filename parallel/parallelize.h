@@ -80,6 +80,7 @@ class Parallelized {
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Zero> zero_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // dp's, over the whole module
+  std::vector<at::Tensor> given_;                       // the tensors dp's optimizer factory was given
   std::shared_ptr<mesh::DeviceMesh> mesh_;              // hsdp's or [dp, tp]
 };
 

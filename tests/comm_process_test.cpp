@@ -205,6 +205,8 @@ std::vector<std::tuple<std::string, std::string, int>> strategy_cases() {
   out.emplace_back("tp2d", "mpi", 4);
   for (int n = 1; n <= 4; ++n) out.emplace_back("clip", "gloo", n);  // tests/worker_numerics.cpp
   out.emplace_back("clip", "mpi", 3);
+  for (int n = 2; n <= 4; ++n) out.emplace_back("matrix", "gloo", n);  // 4: the 2-d layouts
+  out.emplace_back("matrix", "mpi", 3);
   return out;
 }
 

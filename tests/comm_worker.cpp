@@ -326,6 +326,8 @@ int main(int argc, char** argv) {
       suite_tp2d(world);
     } else if (suite == "clip") {
       suite_clip(world);
+    } else if (suite == "matrix") {
+      suite_matrix(world);
     } else if (suite == "ops") {
       suite_ops(world);
     } else if (suite == "hardening") {

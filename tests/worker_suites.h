@@ -33,6 +33,9 @@ void suite_tp2d(const comm::BackendPtr& world);
 // sequence parallel, dp, zero1 and zero3 × tp (4 ranks): the norm equal to one process's, one all-reduce of 8
 // bytes, 5 steps equal to one process clipping with libtorch.
 void suite_clip(const comm::BackendPtr& world);
+// The composition matrix (issue 12): {dp, zero1-3, tp} at 2 or 3 ranks, {hsdp, zero3 x tp} on 2x2, each x
+// {fp32, bf16, fp16} x accumulation {1, 4} with clipping, against one process in the same precision.
+void suite_matrix(const comm::BackendPtr& world);
 
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,

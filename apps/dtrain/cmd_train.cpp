@@ -46,7 +46,7 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
   c->add_option(
        "--precision", o.precision,
        "fp32, bf16 or fp16: compute precision, with fp32 master weights in the optimizer and, for fp16, "
-       "DeepSpeed's dynamic loss scaling (initial 2^16, window 1000, hysteresis 2); with --tp 1")
+       "DeepSpeed's dynamic loss scaling (initial 2^16, window 1000, hysteresis 2); any --strategy and --tp")
       ->capture_default_str();
   c->add_option("--metrics", o.metrics,
                 "Write one JSON object per step (step, loss, elapsed_s) to this file");
