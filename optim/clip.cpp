@@ -19,15 +19,27 @@ double clip_grad_norm(parallel::Parallelized& par, double max_norm) {
   const auto parts = par.gradient_parts();
   at::NoGradGuard no_grad;
   at::Tensor sum = at::zeros({1}, at::kDouble);
-  for (const auto& p : parts) {
-    if (!p.grad.defined()) continue;
-    sum += p.grad.detach().to(at::kDouble).pow(2).sum() / static_cast<double>(p.copies);
+  if (par.deterministic()) {
+    // bitwise the same at any world size: under dp every rank holds the whole gradient (summed here in
+    // parameter order, no collective); under ZeRO the sums of fixed blocks, gathered in a fixed order
+    if (par.strategy() == parallel::Strategy::kDataParallel) {
+      for (const auto& p : parts) {
+        if (p.grad.defined()) sum += p.grad.detach().to(at::kDouble).pow(2).sum();
+      }
+    } else {
+      sum = par.gradient_block_squares().sum().view({1});
+    }
+  } else {
+    for (const auto& p : parts) {
+      if (!p.grad.defined()) continue;
+      sum += p.grad.detach().to(at::kDouble).pow(2).sum() / static_cast<double>(p.copies);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    par.world()->all_reduce(sum)->wait();
+    tensor::CommLog::instance().record(
+        tensor::CommRecord{"clip_grad_norm", tensor::StepKind::kAllReduce, 0, 8, 0.0,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  par.world()->all_reduce(sum)->wait();
-  tensor::CommLog::instance().record(
-      tensor::CommRecord{"clip_grad_norm", tensor::StepKind::kAllReduce, 0, 8, 0.0,
-                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   const double norm = std::sqrt(sum.item<double>());
   const double coef = std::min(1.0, max_norm / (norm + 1e-6));
   if (coef < 1.0) {

@@ -2,7 +2,9 @@
 // torch::nn::utils::clip_grad_norm_: each rank sums the squares of the gradients it steps on, divided by how
 // many ranks hold the same values (parallel::Parallelized::gradient_parts), and one all-reduce of that single
 // number gives the whole gradient's norm. No gradient is gathered. The same coefficient as libtorch's,
-// max_norm / (norm + 1e-6) capped at 1, then scales every rank's gradients.
+// max_norm / (norm + 1e-6) capped at 1, then scales every rank's gradients. In deterministic mode the norm is
+// bitwise the same at any world size: dp sums its whole gradient locally (no collective), ZeRO gathers the
+// squares' sums of fixed 1024-element blocks (8 bytes per block) and adds them in a fixed order.
 #pragma once
 
 #include "parallel/parallelize.h"

@@ -210,6 +210,13 @@ void DataParallel::Impl::take(int i) {
 
 void DataParallel::Impl::on_grad_ready(int i) {
   std::lock_guard<std::mutex> lock(mu);
+  if (opts.deterministic) {  // every backward is a leaf of the step's tree (det_finish_pass)
+    if (!in_pass) {
+      in_pass = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { det_finish_pass(); });
+    }
+    return;
+  }
   if (!sync) return;
   if (!in_pass) start_pass();
   if (ready[i]) return;
@@ -512,6 +519,17 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
           "each value to one rank. All-reduce such values yourself.");
     }
     opts.rebuild_buckets = false;  // the shards and the optimizer over them are laid out once
+  }
+  if (opts.deterministic) {
+    const int64_t n = group->group_size();
+    if (opts.side_values != 0 || (replicate && replicate->group_size() > 1) || (n & (n - 1)) != 0) {
+      throw NotSupportedError(str_cat(
+          "data_parallel: deterministic mode needs a group size that is a power of 2 (got ", n,
+          "), no side_values (got ", opts.side_values, ") and no hsdp replicas", replicate ? " (given)" : "",
+          ": its gradients are summed as one balanced tree over the step's micro-batches. Use 1, 2, 4, 8 "
+          "... ranks, or turn deterministic mode off."));
+    }
+    opts.rebuild_buckets = false;  // (the tree's layout stays the same throughout)
   }
   impl_->zero_stage = zero_stage;
   if (opts.side_values < 0 || opts.side_values > 1024) {

@@ -38,6 +38,16 @@ struct DataParallelOptions {
   // Slots at the end of the last bucket for reduce_with_gradients (0: none; the buckets then hold exactly
   // the gradients).
   int64_t side_values = 0;
+  // Deterministic mode: gradients bitwise the same at any power-of-2 group size N. Each backward must be one
+  // micro-batch of a fixed size, the same number c of them (a power of 2) on every rank per step, the step's
+  // c*N micro-batches spread over the ranks in order (rank r takes micro-batches r*c .. r*c + c - 1), and
+  // each micro-batch's loss scaled by 1/(c*N): the gradients are summed, not averaged over the ranks, as one
+  // balanced binary tree over the step's micro-batches (each rank's subtree locally, the ranks' in rank
+  // order after one all-to-all). ZeRO's shards are cut at 1024-element blocks. Costs: no overlap with
+  // backward; one copy of the gradients per tree level held; the same bytes on the wire as a ring
+  // all-reduce (all-to-all, then all-gather; ZeRO: the all-to-all alone). Refused with side_values, hsdp,
+  // and group sizes that are not powers of 2.
+  bool deterministic = false;
   // ZeRO-3 only: gives a parameter or buffer on the meta device (a module built under parallel::OnMetaDevice,
   // never whole in memory) its values: called one tensor at a time, in registration order, on a whole
   // tensor of the entry's shape, dtype and name; group rank 0's values are then broadcast, and a parameter is
@@ -131,6 +141,8 @@ class DataParallel {
     int64_t offset = 0, count = 0;  // elements into the bucket's shard
   };
   std::vector<ShardSegment> shard_segments() const;
+  // ZeRO: each bucket's shard sizes, per group rank.
+  std::vector<std::vector<int64_t>> shard_counts() const;
 
   std::shared_ptr<Impl> impl_;  // shared with ZeRO-3's parameters, which gather through it
 };

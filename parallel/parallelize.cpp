@@ -31,6 +31,18 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
         str_cat("parallelize: hsdp with tp ", c.tp,
                 " is not built (2-d is one data-parallel axis × tp). Use zero3 with tp."));
   }
+  if (c.buckets.deterministic) {
+    const int64_t ndp = world_size / std::max<int64_t>(c.tp, 1);
+    if (c.tp > 1 || s == Strategy::kHybridShard || (ndp & (ndp - 1)) != 0) {
+      throw NotSupportedError(str_cat(
+          "parallelize: deterministic mode is built for dp and zero1-3 over a power-of-2 number of ranks "
+          "(got ",
+          to_string(s), ", tp ", c.tp, ", ", world_size,
+          " ranks): it sums the gradients of fixed micro-batches as one balanced tree, which needs the ranks "
+          "to split the tree evenly and no tensor-parallel partial sums. Use dp or zero1-3 on 1, 2, 4, ... "
+          "ranks with tp 1, or turn it off."));
+    }
+  }
   if (c.tp > 1 && c.tp_plan.sequence_parallel && s != Strategy::kDataParallel) {
     throw NotSupportedError(
         str_cat("parallelize: sequence parallel with ", to_string(s),
@@ -46,7 +58,8 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
     : strategy_(validate_parallel_config(config, world->group_size())),
       world_(world),
       tp_size_(config.tp),
-      shard_size_(config.shard_size) {
+      shard_size_(config.shard_size),
+      deterministic_(config.buckets.deterministic) {
   // The fixed order: tensor parallel, activation checkpointing (not built), ZeRO, data parallel.
   if (config.tp > 1) {
     const int64_t n = world->group_size();

@@ -68,6 +68,13 @@ class Parallelized {
   };
   std::vector<GradPart> gradient_parts() const;
   const comm::BackendPtr& world() const { return world_; }
+  // Deterministic mode (DataParallelOptions::deterministic): bitwise the same results at any power-of-2
+  // world size.
+  bool deterministic() const { return deterministic_; }
+  // ZeRO: the step's gradients as sums of squares per block of kDetBlock elements of each bucket, every
+  // rank's blocks gathered in bucket and block order (one all-gather of doubles): the same tensor at any
+  // world size in deterministic mode, whose shards are cut at block edges. optim::clip_grad_norm's norm.
+  at::Tensor gradient_block_squares() const;
   // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp; null otherwise.
   const std::shared_ptr<mesh::DeviceMesh>& mesh() const { return mesh_; }
 
@@ -75,6 +82,7 @@ class Parallelized {
   Strategy strategy_;
   comm::BackendPtr world_;
   int64_t tp_size_ = 1, shard_size_ = 0;
+  bool deterministic_ = false;
   bool finished_ = false;  // finish_gradients() ran since the last step
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<DataParallel> dp_;

@@ -88,6 +88,8 @@ class Zero {
   // buckets' shards, in bucket order).
   std::vector<DataParallel::ShardSegment> shard_segments() const { return dp_.shard_segments(); }
   PassTimeline last_pass() const { return dp_.last_pass(); }
+  // Each bucket's shard sizes, per rank of the group.
+  std::vector<std::vector<int64_t>> shard_counts() const { return dp_.shard_counts(); }
 
  private:
   int stage_;

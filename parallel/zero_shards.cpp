@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -104,7 +105,7 @@ void DataParallel::Impl::layout_units(const torch::nn::Module& module) {
 }
 
 void DataParallel::Impl::shard_buckets() {
-  const int64_t n = group->group_size(), me = group->group_rank();
+  const int64_t me = group->group_rank();
   at::NoGradGuard no_grad;
   for (auto& b : buckets) {
     const at::TensorOptions o = params[b.params.front()].tensor.options().requires_grad(false);
@@ -115,9 +116,8 @@ void DataParallel::Impl::shard_buckets() {
       home.copy_(p.tensor);
       p.tensor.set_data(tensor::with_layout_keys(home, p.tensor.key_set()));  // a tp style's key stays
     }
-    b.counts.clear();
-    for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
-    b.start = split_rows(b.numel, n, me).start;
+    b.counts = shard_counts(b.numel);
+    b.start = std::accumulate(b.counts.begin(), b.counts.begin() + me, int64_t{0});
     b.shard_grad = at::zeros({b.counts[me]}, o);
     if (zero_stage == 1) b.shard_grad = at::Tensor();  // allocated for each reduction
     b.shard_param = alias(b.params_flat, b.start, {b.counts[me]}).requires_grad_(true);
@@ -126,14 +126,13 @@ void DataParallel::Impl::shard_buckets() {
 }
 
 void DataParallel::Impl::shard_parameters_only(const std::shared_ptr<tensor::OnDemandSource>& source) {
-  const int64_t n = group->group_size(), me = group->group_rank();
+  const int64_t me = group->group_rank();
   at::NoGradGuard no_grad;
   for (auto& b : buckets) {
     const at::TensorOptions o =
         params[b.params.front()].tensor.options().device(at::kCPU).requires_grad(false);
-    b.counts.clear();
-    for (int64_t r = 0; r < n; ++r) b.counts.push_back(split_rows(b.numel, n, r).count);
-    b.start = split_rows(b.numel, n, me).start;
+    b.counts = shard_counts(b.numel);
+    b.start = std::accumulate(b.counts.begin(), b.counts.begin() + me, int64_t{0});
     b.shard_param = at::zeros({b.counts[me]}, o);  // (shard_grad: made by the first reduction)
     b.flat = at::Tensor();
   }

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -215,6 +216,25 @@ INSTANTIATE_TEST_SUITE_P(Strategies, StrategyParity, ::testing::ValuesIn(strateg
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" +
                                   std::to_string(std::get<2>(info.param)) + "ranks";
                          });
+
+// Deterministic mode (tests/worker_numerics.cpp): at 1, 2 and 4 ranks each run is bitwise equal to plain
+// libtorch on one process, and the runs with clipping and 16-bit precision end with the same parameters, bit
+// for bit, at every world size and on both backends.
+TEST(Deterministic, BitwiseEqualAtOneTwoAndFourRanks) {
+  std::string first;
+  for (auto [backend, n] :
+       std::vector<std::pair<std::string, int>>{{"gloo", 1}, {"gloo", 2}, {"gloo", 4}, {"mpi", 4}}) {
+    Job job = run_worker(backend, n, "deterministic");
+    const std::string digests = read_file(job.dir / "digests.txt");
+    expect_all_ok(job, n);
+    EXPECT_EQ(std::count(digests.begin(), digests.end(), '\n'), 10) << digests;
+    if (n == 1) {
+      first = digests;
+    } else {
+      EXPECT_EQ(digests, first) << "parameters at " << n << " ranks (" << backend << ") differ from 1 rank's";
+    }
+  }
+}
 
 class Groups : public ::testing::TestWithParam<std::string> {};
 

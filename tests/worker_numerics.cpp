@@ -6,6 +6,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
+#include <fstream>
 #include <string>
 
 #include "core/error.h"
@@ -252,7 +253,142 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
     check_relative(str_cat(tag, "final ", item.key()), got, expected, 1e-3);
   }
 }
+// Deterministic mode: 20 AdamW steps of models::GPT, each over K = 4 micro-batches of M = 3 rows, rank r
+// taking micro-batches r*c .. r*c + c - 1 (c = K / world size) under `strategy` with small buckets (several
+// per model). Without clipping, every parameter is bitwise equal to plain libtorch on one process summing the
+// K micro-batches' gradients as the same balanced tree ((g0 + g1) + (g2 + g3)). With clipping (and the
+// `precision`), the parameters' digest goes to `digests` for the test to compare across world sizes.
+constexpr int64_t kDetMicro = 4, kDetRows = 3, kDetSteps = 20;
+
+uint64_t digest(torch::nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& p : m.parameters()) {
+    at::Tensor t = p.detach().clone();  // (ZeRO-3: gathered)
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (int64_t k = 0; k < t.numel() * t.element_size(); ++k) h = (h ^ b[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
+void check_deterministic(const comm::BackendPtr& world, const std::string& strategy, bool clip,
+                         optim::Precision precision, std::ofstream& digests) {
+  const std::string tag =
+      str_cat("deterministic ", strategy, clip ? " + clip " : " ", optim::to_string(precision), ": ");
+  const models::GPTConfig cfg = clip_gpt();
+  const int64_t T = cfg.block_size, n = world->group_size(), me = world->group_rank(), c = kDetMicro / n;
+  const at::ScalarType dt = optim::compute_dtype(precision);
+  auto [ref, gpt] = twin_gpts(cfg, dt);
+  optim::MixedPrecision mp(precision);
+  parallel::ParallelConfig pc;
+  pc.strategy = strategy;
+  pc.buckets.bucket_bytes = 16 << 10;
+  pc.buckets.first_bucket_bytes = 4 << 10;
+  pc.buckets.deterministic = true;
+  auto par = parallel::parallelize(*gpt, world, pc, mp.wrap(parity_adamw));
+  const bool reference = !clip && precision == optim::Precision::kFp32;
+  auto ref_opt = parity_adamw(ref->parameters());
+  auto window = [&](int64_t step, int64_t k) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + 10 * step + k);
+    return at::randint(cfg.vocab_size, {kDetRows, T + 1}, gen, at::kLong);
+  };
+  for (int64_t step = 1; step <= kDetSteps; ++step) {
+    if (reference) {  // plain libtorch: each micro-batch's gradient alone, then the tree
+      std::vector<std::vector<at::Tensor>> leaves;
+      for (int64_t k = 0; k < kDetMicro; ++k) {
+        ref_opt->zero_grad();
+        at::Tensor w = window(step, k);
+        (ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()) * (1.0 / kDetMicro))
+            .backward();
+        leaves.emplace_back();
+        for (const auto& p : ref->parameters()) leaves.back().push_back(p.grad().clone());
+      }
+      auto params = ref->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].mutable_grad() =
+            (leaves[0][i] + leaves[1][i]) + (leaves[2][i] + leaves[3][i]);  // kDetMicro == 4
+      }
+      ref_opt->step();
+    }
+    par->zero_grad();
+    for (int64_t k = 0; k < c; ++k) {
+      par->set_requires_gradient_sync(k == c - 1);
+      at::Tensor w = window(step, me * c + k);
+      at::Tensor loss = gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
+      // (deterministic mode sums: each micro-batch's loss scaled by 1 / all micro-batches, at every world
+      // size)
+      (loss.to(at::kFloat) * (mp.loss_scale() / static_cast<double>(kDetMicro))).backward();
+    }
+    if (mp.unscale(*par)) {
+      if (clip) optim::clip_grad_norm(*par, 0.5);
+      par->step([&] { mp.copy_back(); });
+    } else {
+      par->zero_grad();
+    }
+  }
+  if (reference) {
+    auto have = gpt->named_parameters();
+    for (const auto& item : ref->named_parameters()) {
+      check_equal(str_cat(tag, "bitwise ", item.key()), have[item.key()].detach().clone(),
+                  item.value().detach());
+    }
+  }
+  const uint64_t d = digest(*gpt);
+  // every rank holds the same parameters (ZeRO-3: gathered alike)
+  at::Tensor mine = at::full({1}, static_cast<int64_t>(d >> 1), at::kLong), all = at::empty({n}, at::kLong);
+  world->all_gather(all, mine)->wait();
+  check_true(str_cat(tag, "every rank the same parameters"), (all == all[0]).all().item<bool>());
+  if (me == 0)
+    digests << strategy << (clip ? "+clip " : " ") << optim::to_string(precision) << " " << std::hex << d
+            << std::dec << "\n";
+}
+
+// A step whose micro-batch count on a rank is not a power of 2 is refused, naming the count.
+void check_deterministic_refusals(const comm::BackendPtr& world) {
+  const models::GPTConfig cfg = clip_gpt();
+  auto [ref, gpt] = twin_gpts(cfg, at::kFloat);
+  parallel::ParallelConfig pc;
+  pc.buckets.deterministic = true;
+  auto par = parallel::parallelize(*gpt, world, pc, parity_adamw);
+  std::string error;
+  try {
+    for (int k = 0; k < 3; ++k) {
+      par->set_requires_gradient_sync(k == 2);
+      at::Tensor w = at::randint(cfg.vocab_size, {2, cfg.block_size + 1}, at::kLong);
+      gpt->loss(w.narrow(1, 0, cfg.block_size).contiguous(), w.narrow(1, 1, cfg.block_size).contiguous())
+          .backward();
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  check_true(str_cat("deterministic: 3 micro-batches refused (got '", error, "')"),
+             error.find("this step had 3 micro-batches") != std::string::npos &&
+                 error.find("power of 2") != std::string::npos);
+  pc.strategy = "hsdp";
+  pc.shard_size = 1;
+  error.clear();
+  if (world->group_size() >= 2) {
+    try {
+      parallel::validate_parallel_config(pc, world->group_size());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    check_true(str_cat("deterministic: hsdp refused (got '", error, "')"),
+               error.find("deterministic mode is built for dp and zero1-3") != std::string::npos);
+  }
+}
+
 }  // namespace
+
+void suite_deterministic(const comm::BackendPtr& world, const std::string& dir) {
+  std::ofstream digests(str_cat(dir, "/digests.txt"));
+  for (const char* s : {"dp", "zero1", "zero2", "zero3"}) {
+    check_deterministic(world, s, false, optim::Precision::kFp32, digests);
+    check_deterministic(world, s, true, optim::Precision::kFp32, digests);
+  }
+  check_deterministic(world, "dp", true, optim::Precision::kBf16, digests);
+  check_deterministic(world, "zero3", true, optim::Precision::kFp16, digests);
+  check_deterministic_refusals(world);
+}
 
 void suite_clip(const comm::BackendPtr& world) {
   const int64_t n = world->group_size();

@@ -36,6 +36,10 @@ void suite_clip(const comm::BackendPtr& world);
 // The composition matrix (issue 12): {dp, zero1-3, tp} at 2 or 3 ranks, {hsdp, zero3 x tp} on 2x2, each x
 // {fp32, bf16, fp16} x accumulation {1, 4} with clipping, against one process in the same precision.
 void suite_matrix(const comm::BackendPtr& world);
+// Deterministic mode at 1, 2 or 4 ranks (dp, zero1-3): bitwise equal to plain libtorch summing the
+// micro-batches as the same tree; with clipping and 16-bit precision, the parameters' digests written to
+// dir/digests.txt for the test to compare across world sizes; its refusals.
+void suite_deterministic(const comm::BackendPtr& world, const std::string& dir);
 
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,

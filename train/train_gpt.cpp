@@ -142,9 +142,10 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
   pc.tp = o.tp;
   pc.tp_plan = gpt_tensor_parallel_plan(cfg, o.sequence_parallel);
   pc.buckets = dpo;
+  pc.buckets.deterministic = o.deterministic;
   const optim::Precision precision = optim::parse_precision(o.precision);
   // the step's loss travels with the last gradient bucket (fp32 buckets only: not through a 16-bit one)
-  const bool loss_rides = zero_stage == 0 && precision == optim::Precision::kFp32;
+  const bool loss_rides = zero_stage == 0 && precision == optim::Precision::kFp32 && !o.deterministic;
   if (loss_rides) pc.buckets.side_values = 1;
   optim::MixedPrecision mp(precision);
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap([&](std::vector<at::Tensor> tensors) {
@@ -170,6 +171,14 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
             : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
         par->bucket_count(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
         static_cast<long>(o.accumulation));
+    if (o.deterministic) {
+      std::printf(
+          "dtrain train: deterministic: %ld micro-batches of %ld sequences per step, %ld per rank, their "
+          "gradients summed as one balanced tree; %d intra-op threads per rank (bitwise the same at any "
+          "power-of-2 number of ranks with the same thread count)\n",
+          static_cast<long>(o.accumulation), static_cast<long>(o.batch / o.accumulation),
+          static_cast<long>(o.accumulation / n), at::get_num_threads());
+    }
   }
   StepLog log(o, lead, o.batch * cfg.block_size);
   const int64_t T = cfg.block_size;
@@ -180,11 +189,16 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
     par->zero_grad();
     double share = 0;  // this rank's part of the global mean loss
     at::Tensor global_loss;
-    for (int64_t k = 0; k < o.accumulation; ++k) {
-      parallel::RowRange micro = parallel::split_rows(o.batch, o.accumulation, k);
-      parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
+    // deterministic: micro-batches of a fixed size, rank r taking micro-batches r*c .. r*c + c - 1, each loss
+    // scaled by 1/K (the engine sums); otherwise each rank its rows of every micro-batch, averaged over ranks
+    const int64_t c = o.deterministic ? o.accumulation / n : o.accumulation;
+    for (int64_t k = 0; k < c; ++k) {
+      parallel::RowRange micro =
+          parallel::split_rows(o.batch, o.accumulation, o.deterministic ? me * c + k : k);
+      parallel::RowRange mine =
+          o.deterministic ? parallel::RowRange{0, micro.count} : parallel::split_rows(micro.count, n, me);
       at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
-      const bool last = k == o.accumulation - 1;
+      const bool last = k == c - 1;
       par->set_requires_gradient_sync(last);
       at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
       // The global loss is the mean over all rows; the strategies average over the n ranks.
@@ -193,7 +207,8 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       global_loss = at::full({1}, share, at::kDouble);
       if (last && dp) dp->reduce_with_gradients(global_loss);  // rides with the gradients
       // (16-bit: the loss scaled in fp32, so that the scale itself cannot overflow the format)
-      (loss.to(at::kFloat) * (weight * static_cast<double>(n) * mp.loss_scale())).backward();
+      (loss.to(at::kFloat) * (weight * static_cast<double>(o.deterministic ? 1 : n) * mp.loss_scale()))
+          .backward();
     }
     const bool take = mp.unscale(*par);  // 16-bit: into the fp32 masters; false for an inf or nan
     const double grad_norm = take && o.clip > 0 ? optim::clip_grad_norm(*par, o.clip) : -1.0;
@@ -318,6 +333,7 @@ int train_gpt(const TrainOptions& o) {
     pc.shard_size = o.shard_size;
     pc.tp = o.tp;
     pc.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
+    pc.buckets.deterministic = o.deterministic;
     parallel::validate_parallel_config(pc, ws);
   }
   const int64_t dp = ws / o.tp;
@@ -326,6 +342,17 @@ int train_gpt(const TrainOptions& o) {
                              o.batch / o.accumulation, " sequences per micro-batch, fewer than the ", dp,
                              " data-parallel ranks; each needs at least one. Use --batch of at least ",
                              dp * o.accumulation, "."));
+  }
+  if (o.deterministic) {
+    const int64_t c = o.accumulation / dp;
+    if (o.batch % o.accumulation != 0 || o.accumulation % dp != 0 || (c & (c - 1)) != 0) {
+      throw ValueError(str_cat(
+          "train: --deterministic cuts --batch ", o.batch, " into --accumulation ", o.accumulation,
+          " micro-batches of one size, spread evenly over the ", dp,
+          " data-parallel ranks, a power of 2 on each: --accumulation must divide --batch and be the ranks "
+          "times 1, 2, 4, ... (e.g. --accumulation ",
+          dp * 4, " with --batch a multiple of it)."));
+    }
   }
   const bool lead = world->group_rank() == 0;
   TextCorpus corpus = load_text(o.data);

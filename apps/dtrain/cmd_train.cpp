@@ -48,6 +48,11 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
        "fp32, bf16 or fp16: compute precision, with fp32 master weights in the optimizer and, for fp16, "
        "DeepSpeed's dynamic loss scaling (initial 2^16, window 1000, hysteresis 2); any --strategy and --tp")
       ->capture_default_str();
+  c->add_flag("--deterministic", o.deterministic,
+              "Bitwise the same parameters at any power-of-2 number of data-parallel ranks (dp, zero1-3; the "
+              "same intra-op threads per rank): the global batch is cut into --accumulation fixed "
+              "micro-batches (a multiple of the ranks, a power of 2 per rank), their gradients summed as one "
+              "balanced tree");
   c->add_option("--metrics", o.metrics,
                 "Write one JSON object per step (step, loss, elapsed_s) to this file");
   c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();

@@ -144,6 +144,24 @@ struct DataParallel::Impl {
 
   void finish_pass();
 
+  // Deterministic mode (parallel/deterministic.cpp) -------------------------------------------------------
+  // Each backward's gradients, flat per bucket, as one leaf of a balanced binary tree: a stack of partial
+  // sums over runs of adjacent micro-batches, two equal runs merged at once (left + right).
+  struct Partial {
+    std::vector<at::Tensor> flats;  // per bucket
+    int64_t leaves = 1;
+  };
+  std::vector<Partial> partials;  // guarded by mu
+  // Queued on the autograd engine by a deterministic backward's first gradient: takes the pass's gradients
+  // into the tree; on the synchronised pass, reduces the tree over the group in rank order (det_reduce).
+  void det_finish_pass();
+  void det_reduce();
+  // How a bucket of `numel` elements is cut over the group (ZeRO's shards; deterministic data parallel's
+  // parts): as evenly as possible; in deterministic mode in whole blocks of kDetBlock elements, so that a
+  // block's sum (clipping's norm) and the optimizer's vector loops see the same runs at any group size.
+  static constexpr int64_t kDetBlock = 1024;
+  std::vector<int64_t> shard_counts(int64_t numel) const;
+
   // The first pass's arrival order (group rank 0's, so that every rank lays out the same buckets), the params
   // that got none last.
   void rebuild();
