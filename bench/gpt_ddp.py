@@ -13,6 +13,7 @@ import resource
 import time
 
 import torch
+import torch.utils.checkpoint
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -44,6 +45,7 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(seq, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
+        self.checkpoint = False
         for name, p in self.named_parameters():  # as models::GPT: normal(0, 0.02), biases 0, LayerNorm 1/0
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
@@ -55,7 +57,8 @@ class GPT(nn.Module):
     def forward(self, idx, targets):  # the mean loss, so that DDP's forward sees the whole step
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         for b in self.blocks:
-            x = b(x)
+            # --checkpoint: torch.utils.checkpoint per block (non-reentrant), as dtrain's --checkpoint-activations
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x)
         h = self.ln_f(x)
         if hasattr(h, "full_tensor"):  # sequence parallel: the whole sequence for the (replicated) head
             h = h.full_tensor()
@@ -134,6 +137,7 @@ def main():
     ap.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard on each block and the root (ZeRO-3's peer)")
     ap.add_argument("--tp", type=int, default=1, help="DTensor tensor parallel: colwise q/k/v and fc, rowwise projections")
     ap.add_argument("--sp", action="store_true", help="with --tp: sequence parallel (LayerNorms on the local sequence)")
+    ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -143,6 +147,7 @@ def main():
     torch.manual_seed(a.seed)
     model = GPT(256, a.seq, a.layers, a.heads, a.width)
     same_weights_as_dtrain(model, a.seed)
+    model.checkpoint = a.checkpoint
     if rank == 0:  # dtrain train prints the same fingerprint of its initial weights
         print(f"initial sum of squares {sum(p.detach().double().pow(2).sum().item() for p in model.parameters()):.9g}")
     if a.tp > 1:

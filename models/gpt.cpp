@@ -66,11 +66,14 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
   attn = register_module("attn", CausalSelfAttention(c));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   mlp = register_module("mlp", MLP(c));
+  body = [this](const at::Tensor& x) {
+    at::Tensor h = x + attn(ln1(x));
+    return h + mlp(ln2(h));
+  };
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  at::Tensor h = x + attn(ln1(x));
-  return h + mlp(ln2(h));
+  return checkpoint ? models::checkpoint(body, x, parameters()) : body(x);
 }
 
 GPTImpl::GPTImpl(const GPTConfig& c) : config(c) {
@@ -110,6 +113,10 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   at::Tensor x = drop(wte(idx) + wpe(pos));
   for (auto& b : blocks) x = b(x);
   return torch::nn::functional::linear(ln_f(x), wte->weight);
+}
+
+void GPTImpl::set_activation_checkpointing(bool on) {
+  for (auto& b : blocks) b->checkpoint = on;
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "models/checkpoint.h"
+
 namespace dtrain::models {
 
 struct GPTConfig {
@@ -52,7 +54,11 @@ TORCH_MODULE(MLP);
 
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const GPTConfig& c);
+  // With checkpoint set, the block's activations are recomputed in backward (models/checkpoint.h).
   at::Tensor forward(const at::Tensor& x);
+
+  bool checkpoint = false;
+  CheckpointBody body;  // the block's computation: x + attn(ln1(x)), then + mlp(ln2(.))
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -75,6 +81,8 @@ struct GPTImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& idx);
   // Mean cross entropy of next-token prediction: logits of idx against targets [B, T].
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+  // Activation checkpointing per block: each block keeps only its input, recomputing the rest in backward.
+  void set_activation_checkpointing(bool on);
 
   GPTConfig config;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

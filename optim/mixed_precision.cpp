@@ -52,20 +52,28 @@ parallel::OptimizerFactory MixedPrecision::wrap(parallel::OptimizerFactory make)
 bool MixedPrecision::unscale(parallel::Parallelized& par) {
   if (precision_ == Precision::kFp32) return true;
   par.finish_gradients();
+  auto start = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
-  const double inv = 1.0 / loss_scale();
+  // each gradient cast into its master's (a copy; none when the buckets already reduce in fp32), then one
+  // fused pass (libtorch's AMP kernel, as GradScaler's) divides them all by the scale and notes any inf/nan
   at::Tensor bad = at::zeros({1}, at::kFloat);  // any inf or nan on this rank
+  std::vector<at::Tensor> grads;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor g = params_[i].grad();
     if (!g.defined()) {
       masters_[i].mutable_grad() = at::Tensor();
       continue;
     }
-    at::Tensor m = g.to(at::kFloat).mul_(inv);
-    bad += at::logical_not(at::isfinite(m)).any().to(at::kFloat);
+    at::Tensor m = g.scalar_type() == at::kFloat ? g : g.to(at::kFloat);
     masters_[i].mutable_grad() = m;
+    grads.push_back(m);
     params_[i].mutable_grad().reset();  // as the optimizer's zero_grad would (the masters hold them now)
   }
+  if (!grads.empty()) {
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, bad, at::full({1}, 1.0 / loss_scale(), at::kFloat));
+  }
+  bookkeeping_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // (the check's all-reduce is communication, in CommLog: it waits for the slowest rank)
   const auto t0 = std::chrono::steady_clock::now();
   comm::AllReduceOptions o;
   o.op = comm::ReduceOp::kMax;
@@ -73,6 +81,7 @@ bool MixedPrecision::unscale(parallel::Parallelized& par) {
   tensor::CommLog::instance().record(
       tensor::CommRecord{"mixed precision overflow check", tensor::StepKind::kAllReduce, 0, 4, 0.0,
                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  start = std::chrono::steady_clock::now();
   const bool overflow = bad.item<float>() > 0;
   if (precision_ == Precision::kFp16) {
     scaler_.update(overflow);
@@ -82,6 +91,7 @@ bool MixedPrecision::unscale(parallel::Parallelized& par) {
   if (overflow) {
     for (auto& m : masters_) m.mutable_grad() = at::Tensor();
   }
+  bookkeeping_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return !overflow;
 }
 
@@ -92,8 +102,10 @@ int64_t MixedPrecision::master_bytes() const {
 }
 
 void MixedPrecision::copy_back() {
+  const auto start = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].detach().copy_(masters_[i]);
+  bookkeeping_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace dtrain::optim

@@ -47,12 +47,17 @@ class MixedPrecision {
   Precision precision() const { return precision_; }
   // Bytes of this rank's fp32 masters (0 under fp32).
   int64_t master_bytes() const;
+  // Seconds spent so far in the bookkeeping outside the model's own compute: unscale() (the gradients cast
+  // into the masters, the inf/nan check and its all-reduce, the scaler) and copy_back() (the masters cast
+  // into the 16-bit parameters).
+  double bookkeeping_seconds() const { return bookkeeping_s_; }
 
  private:
   Precision precision_;
   LossScaler scaler_;
   std::vector<at::Tensor> params_, masters_;
   int64_t bf16_skipped_ = 0;
+  double bookkeeping_s_ = 0;
 };
 
 }  // namespace dtrain::optim

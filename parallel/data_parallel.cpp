@@ -97,7 +97,7 @@ void DataParallel::Impl::sync_buffers() {
 
 at::Tensor DataParallel::Impl::slice(const Param& p) {
   Bucket& b = buckets[p.bucket];
-  if (!b.flat.defined()) b.flat = at::zeros({b.numel}, p.tensor.options().requires_grad(false));  // ZeRO-2/3
+  if (!b.flat.defined()) b.flat = at::zeros({b.numel}, grad_options(p));  // ZeRO-2/3
   return alias(b.flat, p.offset, p.sizes);
 }
 
@@ -148,12 +148,12 @@ void DataParallel::Impl::layout_groups(const std::vector<std::vector<int>>& grou
   for (size_t k = 0; k < next.size(); ++k) {
     next[k].numel = elements[k];
     if (zero_stage != 3) {  // ZeRO-3 makes them during each synchronised backward
-      next[k].flat =
-          at::zeros({elements[k]}, params[next[k].params.front()].tensor.options().requires_grad(false));
+      next[k].flat = at::zeros({elements[k]}, grad_options(params[next[k].params.front()]));
     }
     shape +=
         str_cat(c10::toString(params[next[k].params.front()].tensor.scalar_type()), ":", elements[k], ";");
   }
+  if (opts.reduce_dtype) shape += str_cat("reduced in ", c10::toString(*opts.reduce_dtype));
   fingerprint = fnv1a(shape) | 2;  // never 0 (no run) once shifted by the backend
   check_same_layout(shape);
   buckets = std::move(next);
@@ -519,6 +519,12 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::BackendPtr group, Da
           "each value to one rank. All-reduce such values yourself.");
     }
     opts.rebuild_buckets = false;  // the shards and the optimizer over them are laid out once
+  }
+  if (opts.reduce_dtype && !at::isFloatingType(*opts.reduce_dtype)) {
+    throw ValueError(
+        str_cat("data_parallel: reduce_dtype ", c10::toString(*opts.reduce_dtype),
+                " is not a floating-point dtype. Use float32, bfloat16 or float16, or leave it unset "
+                "(the parameters' dtype)."));
   }
   if (opts.deterministic) {
     const int64_t n = group->group_size();

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct DataParallelOptions {
   // Slots at the end of the last bucket for reduce_with_gradients (0: none; the buckets then hold exactly
   // the gradients).
   int64_t side_values = 0;
+  // The dtype gradients are reduced in (FSDP's reduce_dtype): the buckets, ZeRO's shards of them, and the
+  // gradients the parameters end up with, e.g. fp32 for bf16 parameters (the sum of the ranks' 16-bit
+  // gradients then rounded once, in the optimizer's fp32 master gradients). Unset: the parameters' dtype.
+  std::optional<at::ScalarType> reduce_dtype;
   // Deterministic mode: gradients bitwise the same at any power-of-2 group size N. Each backward must be one
   // micro-batch of a fixed size, the same number c of them (a power of 2) on every rank per step, the step's
   // c*N micro-batches spread over the ranks in order (rank r takes micro-batches r*c .. r*c + c - 1), and

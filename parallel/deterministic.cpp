@@ -75,7 +75,7 @@ void DataParallel::Impl::det_finish_pass() {
   Partial leaf;
   std::vector<std::string> unused;
   for (const Bucket& b : buckets) {
-    at::Tensor flat = at::zeros({b.numel}, params[b.params.front()].tensor.options().requires_grad(false));
+    at::Tensor flat = at::zeros({b.numel}, grad_options(params[b.params.front()]));
     for (int i : b.params) {
       Param& p = params[i];
       const at::Tensor g = p.tensor.grad();

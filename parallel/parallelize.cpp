@@ -60,7 +60,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
       tp_size_(config.tp),
       shard_size_(config.shard_size),
       deterministic_(config.buckets.deterministic) {
-  // The fixed order: tensor parallel, activation checkpointing (not built), ZeRO, data parallel.
+  // The fixed order: tensor parallel, ZeRO, data parallel (activation checkpointing: the model's, per block).
   if (config.tp > 1) {
     const int64_t n = world->group_size();
     mesh_ = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / config.tp, config.tp},

@@ -1,10 +1,10 @@
 // parallelize(): one entry point that applies a whole parallel configuration to a user's module, in one
-// fixed, documented order (DESIGN §2: tensor parallel, then activation checkpointing, then ZeRO/FSDP, then
-// data parallel), validating every degree up front. The data-parallel strategies (dp, zero1, zero2, zero3
-// over the whole group; hsdp: zero3 within groups of shard_size consecutive ranks, replicated across the
-// groups, on a [replicas, shard_size] mesh); with tp > 1, a [dp, tp] mesh (tp consecutive ranks form a
-// tensor-parallel group): the plan's styles over the tp axis (parallel/tensor_parallel.h), then the strategy
-// (dp, zero1-3) over the dp axis.
+// fixed, documented order (DESIGN §2: tensor parallel, then ZeRO/FSDP, then data parallel; activation
+// checkpointing is the model's per block, models/checkpoint.h), validating every degree up front. The
+// data-parallel strategies (dp, zero1, zero2, zero3 over the whole group; hsdp: zero3 within groups of
+// shard_size consecutive ranks, replicated across the groups, on a [replicas, shard_size] mesh); with tp > 1,
+// a [dp, tp] mesh (tp consecutive ranks form a tensor-parallel group): the plan's styles over the tp axis
+// (parallel/tensor_parallel.h), then the strategy (dp, zero1-3) over the dp axis.
 #pragma once
 
 #include <functional>

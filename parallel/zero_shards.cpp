@@ -118,7 +118,7 @@ void DataParallel::Impl::shard_buckets() {
     }
     b.counts = shard_counts(b.numel);
     b.start = std::accumulate(b.counts.begin(), b.counts.begin() + me, int64_t{0});
-    b.shard_grad = at::zeros({b.counts[me]}, o);
+    b.shard_grad = at::zeros({b.counts[me]}, grad_options(params[b.params.front()]));
     if (zero_stage == 1) b.shard_grad = at::Tensor();  // allocated for each reduction
     b.shard_param = alias(b.params_flat, b.start, {b.counts[me]}).requires_grad_(true);
     if (zero_stage == 2) b.flat = at::Tensor();

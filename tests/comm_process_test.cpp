@@ -208,6 +208,8 @@ std::vector<std::tuple<std::string, std::string, int>> strategy_cases() {
   out.emplace_back("clip", "mpi", 3);
   for (int n = 2; n <= 4; ++n) out.emplace_back("matrix", "gloo", n);  // 4: the 2-d layouts
   out.emplace_back("matrix", "mpi", 3);
+  for (int n = 1; n <= 4; ++n) out.emplace_back("checkpointing", "gloo", n);
+  out.emplace_back("checkpointing", "mpi", 3);
   return out;
 }
 

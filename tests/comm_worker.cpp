@@ -328,6 +328,8 @@ int main(int argc, char** argv) {
       suite_clip(world);
     } else if (suite == "matrix") {
       suite_matrix(world);
+    } else if (suite == "checkpointing") {
+      suite_checkpointing(world);
     } else if (suite == "deterministic") {
       suite_deterministic(world, dir);
     } else if (suite == "ops") {

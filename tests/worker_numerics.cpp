@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "models/checkpoint.h"
 #include "models/gpt.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
@@ -113,12 +114,14 @@ struct Cell {
   int64_t tp = 1, shard_size = 0;
   optim::Precision precision = optim::Precision::kFp32;
   int64_t acc = 1, steps = 20, inf_step = 0;
+  bool reduce_fp32 = false;  // DataParallelOptions::reduce_dtype float32
 };
 
 void check_cell(const comm::BackendPtr& world, const Cell& cell) {
   const optim::Precision precision = cell.precision;
-  const std::string tag = str_cat("matrix ", cell.strategy, " x tp ", cell.tp, " ",
-                                  optim::to_string(precision), " acc ", cell.acc, ": ");
+  const std::string tag =
+      str_cat("matrix ", cell.strategy, " x tp ", cell.tp, " ", optim::to_string(precision), " acc ",
+              cell.acc, cell.reduce_fp32 ? " reduced in fp32" : "", ": ");
   const at::ScalarType dt = optim::compute_dtype(precision);
   const double tol = precision == optim::Precision::kBf16   ? 4.0 / 256
                      : precision == optim::Precision::kFp16 ? 4.0 / 2048
@@ -144,6 +147,7 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
   pc.strategy = cell.strategy;
   pc.tp = cell.tp;
   pc.shard_size = cell.shard_size;
+  if (cell.reduce_fp32) pc.buckets.reduce_dtype = at::kFloat;
   if (cell.tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, false);
   optim::MixedPrecision::check(precision, pc);
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap(adamw));
@@ -206,6 +210,11 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
           loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B * cell.acc * cell.tp);
     }
     if (poison && cell.strategy == "dp") gpt->parameters().front().grad().view({-1})[0] = INFINITY;
+    if (cell.strategy == "dp" && par->data_parallel()) {  // (the buckets' dtype is the gradients')
+      const at::ScalarType got = gpt->parameters().front().grad().scalar_type();
+      check_true(str_cat(tag, "step ", step, ": gradients reduced in ", c10::toString(got)),
+                 got == (cell.reduce_fp32 ? at::kFloat : dt));
+    }
     tensor::CommLog::instance().clear();
     const bool ok = mp.unscale(*par);
     check_true(str_cat(tag, "step ", step, ": the overflow check is one all-reduce or none (got ",
@@ -377,6 +386,84 @@ void check_deterministic_refusals(const comm::BackendPtr& world) {
   }
 }
 
+// Activation checkpointing per block under `strategy` x tp in float64: 6 AdamW steps at accumulation 2 of a
+// GPT whose blocks recompute their activations in backward, against one process without checkpointing: each
+// step's loss within 1e-9 relative, the final parameters within 1e-9; each block recomputed once per
+// micro-batch.
+void check_checkpointing(const comm::BackendPtr& world, const std::string& strategy, int64_t tp,
+                         int64_t shard_size = 0) {
+  const std::string tag = str_cat("checkpointing ", strategy, " x tp ", tp, ": ");
+  const models::GPTConfig cfg = clip_gpt();
+  const int64_t B = 7, T = cfg.block_size, acc = 2;
+  const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
+  auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
+  gpt->set_activation_checkpointing(true);
+  auto ref_opt = parity_adamw(ref->parameters());
+  parallel::ParallelConfig pc;
+  pc.strategy = strategy;
+  pc.tp = tp;
+  pc.shard_size = shard_size;
+  if (tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, false);
+  auto par = parallel::parallelize(*gpt, world, pc, parity_adamw);
+  for (int64_t step = 1; step <= 6; ++step) {
+    double ref_loss = 0, share = 0;
+    ref_opt->zero_grad();
+    par->zero_grad();
+    const int64_t before = models::checkpoint_recomputations();
+    for (int64_t k = 0; k < acc; ++k) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + k);
+      at::Tensor w = at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
+      at::Tensor l = ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
+      (l / static_cast<double>(acc)).backward();
+      ref_loss += l.item<double>() / static_cast<double>(acc);
+      par->set_requires_gradient_sync(k == acc - 1);
+      const parallel::RowRange mine = parallel::split_rows(B, ndp, dp_rank);
+      at::Tensor rows = w.narrow(0, mine.start, mine.count);
+      at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
+      (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B * acc))).backward();
+      share += loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B * acc * tp);
+    }
+    check_true(str_cat(tag, "step ", step, ": each block recomputed once per micro-batch (",
+                       models::checkpoint_recomputations() - before, " recomputations)"),
+               models::checkpoint_recomputations() - before == cfg.n_layer * acc);
+    ref_opt->step();
+    par->step();
+    at::Tensor l = at::full({1}, share, at::kDouble);
+    world->all_reduce(l)->wait();
+    check_relative(str_cat(tag, "step ", step, " loss"), l, at::full({1}, ref_loss, at::kDouble), 1e-9);
+  }
+  auto have = gpt->named_parameters();
+  for (const auto& item : ref->named_parameters()) {
+    at::Tensor expected = item.value().detach();
+    if (auto* tpl = par->tensor_parallel()) {
+      const auto p = tpl->part_of(item.key());
+      if (p.count >= 0) expected = expected.narrow(p.dim, p.start, p.count);
+    }
+    check_relative(str_cat(tag, "final ", item.key()), have[item.key()].detach().clone(), expected, 1e-9);
+  }
+}
+
+// Dropout under checkpointing: the recomputation draws the same masks, so the gradients equal those of the
+// same model without checkpointing (one process).
+void check_checkpointing_dropout() {
+  models::GPTConfig cfg = clip_gpt();
+  cfg.dropout = 0.2;
+  auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
+  gpt->set_activation_checkpointing(true);
+  at::Tensor w = at::randint(cfg.vocab_size, {3, cfg.block_size + 1}, at::kLong);
+  at::manual_seed(77);
+  ref->loss(w.narrow(1, 0, cfg.block_size).contiguous(), w.narrow(1, 1, cfg.block_size).contiguous())
+      .backward();
+  at::manual_seed(77);
+  gpt->loss(w.narrow(1, 0, cfg.block_size).contiguous(), w.narrow(1, 1, cfg.block_size).contiguous())
+      .backward();
+  auto have = gpt->named_parameters();
+  for (const auto& item : ref->named_parameters()) {
+    check_relative(str_cat("checkpointing with dropout: gradient of ", item.key()), have[item.key()].grad(),
+                   item.value().grad(), 1e-12);
+  }
+}
+
 }  // namespace
 
 void suite_deterministic(const comm::BackendPtr& world, const std::string& dir) {
@@ -388,6 +475,17 @@ void suite_deterministic(const comm::BackendPtr& world, const std::string& dir) 
   check_deterministic(world, "dp", true, optim::Precision::kBf16, digests);
   check_deterministic(world, "zero3", true, optim::Precision::kFp16, digests);
   check_deterministic_refusals(world);
+}
+
+void suite_checkpointing(const comm::BackendPtr& world) {
+  const int64_t n = world->group_size();
+  if (n == 1) check_checkpointing_dropout();
+  for (const char* s : {"dp", "zero1", "zero2", "zero3"}) check_checkpointing(world, s, 1);
+  if (n > 1) check_checkpointing(world, "dp", n);
+  if (n == 4) {
+    check_checkpointing(world, "hsdp", 1, 2);
+    check_checkpointing(world, "zero3", 2);
+  }
 }
 
 void suite_clip(const comm::BackendPtr& world) {
@@ -408,7 +506,8 @@ void suite_clip(const comm::BackendPtr& world) {
 // The composition matrix: {dp, zero1, zero2, zero3, tp} at this world size (2 or 3 ranks) or {hsdp, zero3 x
 // tp} on 2x2 (4 ranks), each x {fp32, bf16, fp16} x accumulation {1, 4}, clipping on; fp32 and fp16 20 steps,
 // bf16 6 (its matrix products are slow on CPUs without bf16 units); an fp16 run per layout with an inf
-// gradient injected at step 3, and one bf16.
+// gradient injected at step 3, and one bf16; the 16-bit runs at accumulation 4 reduce their gradients in fp32
+// (DataParallelOptions::reduce_dtype).
 void suite_matrix(const comm::BackendPtr& world) {
   const int64_t n = world->group_size();
   std::vector<Cell> layouts;
@@ -426,6 +525,7 @@ void suite_matrix(const comm::BackendPtr& world) {
         c.precision = precision;
         c.acc = acc;
         c.steps = precision == optim::Precision::kBf16 ? 6 : 20;
+        c.reduce_fp32 = acc == 4 && precision != optim::Precision::kFp32;  // 16-bit gradients summed in fp32
         // an injected inf: fp16 at accumulation 1 on every layout, bf16 under dp
         if (acc == 1 && (precision == optim::Precision::kFp16 ||
                          (precision == optim::Precision::kBf16 && c.strategy == "dp" && c.tp == 1))) {

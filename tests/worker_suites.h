@@ -40,6 +40,9 @@ void suite_matrix(const comm::BackendPtr& world);
 // micro-batches as the same tree; with clipping and 16-bit precision, the parameters' digests written to
 // dir/digests.txt for the test to compare across world sizes; its refusals.
 void suite_deterministic(const comm::BackendPtr& world, const std::string& dir);
+// Activation checkpointing per block under dp, zero1-3, tp (2+ ranks), hsdp and zero3 x tp (4 ranks), in
+// float64 against one process without it; dropout's masks replayed (1 rank).
+void suite_checkpointing(const comm::BackendPtr& world);
 
 void suite_gpt(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,

@@ -143,9 +143,14 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
   pc.tp_plan = gpt_tensor_parallel_plan(cfg, o.sequence_parallel);
   pc.buckets = dpo;
   pc.buckets.deterministic = o.deterministic;
+  if (!o.reduce_dtype.empty()) {
+    pc.buckets.reduce_dtype = optim::compute_dtype(optim::parse_precision(o.reduce_dtype));
+  }
   const optim::Precision precision = optim::parse_precision(o.precision);
   // the step's loss travels with the last gradient bucket (fp32 buckets only: not through a 16-bit one)
-  const bool loss_rides = zero_stage == 0 && precision == optim::Precision::kFp32 && !o.deterministic;
+  const bool loss_rides = zero_stage == 0 && !o.deterministic &&
+                          (pc.buckets.reduce_dtype ? *pc.buckets.reduce_dtype == at::kFloat
+                                                   : precision == optim::Precision::kFp32);
   if (loss_rides) pc.buckets.side_values = 1;
   optim::MixedPrecision mp(precision);
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap([&](std::vector<at::Tensor> tensors) {
@@ -171,6 +176,10 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
             : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
         par->bucket_count(), static_cast<double>(dpo.bucket_bytes) / (1 << 20),
         static_cast<long>(o.accumulation));
+    if (o.checkpoint_activations) {
+      std::printf("dtrain train: activation checkpointing: each of the %ld blocks recomputed in backward\n",
+                  static_cast<long>(cfg.n_layer));
+    }
     if (o.deterministic) {
       std::printf(
           "dtrain train: deterministic: %ld micro-batches of %ld sequences per step, %ld per rank, their "
@@ -226,8 +235,10 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       log.step(step, global_loss.item<double>(), grad_norm);
     }
   }
-  // Model state as training leaves it (before the evaluation below gathers ZeRO-3's units for its forward).
+  // Model state as training leaves it (before the evaluation below gathers ZeRO-3's units for its forward),
+  // and the peak memory of training (the evaluation's whole-batch forward is not training's).
   const parallel::ModelStateMemory state = par->memory();
+  const double train_peak_mib = peak_rss_mib();
   double val = 0;
   {
     at::NoGradGuard no_grad;
@@ -242,14 +253,18 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       std::printf("mixed precision %s with fp32 master weights: %ld steps skipped for an inf or nan%s\n",
                   optim::to_string(precision), static_cast<long>(mp.skipped()),
                   precision == optim::Precision::kFp16 ? str_cat("; ", mp.scaler().to_string()).c_str() : "");
+      std::printf(
+          "mixed_precision_bookkeeping_ms_per_step %.3f (casts into and out of the fp32 masters, the "
+          "inf/nan check and its all-reduce, the scaler; rank 0)\n",
+          mp.bookkeeping_seconds() * 1000.0 / static_cast<double>(o.steps));
     }
     int64_t psi = 0;
     for (const auto& p : gpt->parameters()) psi += p.numel();
     const double mib = static_cast<double>(psi) / (1 << 20);
     std::printf(
         "peak resident memory of rank 0: %.1f MiB (%.1f MiB above its peak before the corpus and model, "
-        "once the ranks connected)\n",
-        peak_rss_mib(), peak_rss_mib() - g_rss_before_model_mib);
+        "once the ranks connected; training, before the evaluation)\n",
+        train_peak_mib, train_peak_mib - g_rss_before_model_mib);
     const double ns = static_cast<double>(o.shard_size > 0 ? o.shard_size : n);  // ranks sharing a copy
     if (precision != optim::Precision::kFp32) {  // the 16-bit formulas of DESIGN §5 are not printed here
       std::printf(
@@ -314,6 +329,7 @@ int train_gpt(const TrainOptions& o) {
     pc.strategy = o.strategy;
     pc.tp = o.tp;
     optim::MixedPrecision::check(optim::parse_precision(o.precision), pc);
+    if (!o.reduce_dtype.empty()) optim::parse_precision(o.reduce_dtype);  // (a bad name: its message)
   }
   if (o.sequence_parallel && o.tp == 1) {
     throw ValueError(
@@ -361,6 +377,7 @@ int train_gpt(const TrainOptions& o) {
   cfg.seed = o.seed;
   models::GPT gpt(cfg);
   gpt->to(optim::compute_dtype(optim::parse_precision(o.precision)));  // fp32: as built
+  gpt->set_activation_checkpointing(o.checkpoint_activations);
   int64_t n_params = 0;
   double sum_squares = 0;  // of the initial weights: a fingerprint a peer (bench/gpt_ddp.py) can compare
   for (const auto& p : gpt->parameters()) {

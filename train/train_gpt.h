@@ -25,7 +25,9 @@ struct TrainOptions {
   int64_t accumulation = 1;     // micro-batches per optimizer step (the global batch split K ways)
   double clip = 0;              // global gradient-norm clipping (optim::clip_grad_norm); 0: none
   std::string precision =
-      "fp32";                  // fp32, bf16, fp16 (optim::MixedPrecision: fp32 masters; fp16 loss scaling)
+      "fp32";                // fp32, bf16, fp16 (optim::MixedPrecision: fp32 masters; fp16 loss scaling)
+  std::string reduce_dtype;  // the gradients' reduction dtype ("": the precision's)
+  bool checkpoint_activations = false;  // per block (models/checkpoint.h)
   bool deterministic = false;  // DataParallelOptions::deterministic: accumulation = all micro-batches
   std::string metrics;         // a JSONL file, one object per step on rank 0 ("" = none)
   double lr = 1e-3;

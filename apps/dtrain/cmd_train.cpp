@@ -48,6 +48,13 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
        "fp32, bf16 or fp16: compute precision, with fp32 master weights in the optimizer and, for fp16, "
        "DeepSpeed's dynamic loss scaling (initial 2^16, window 1000, hysteresis 2); any --strategy and --tp")
       ->capture_default_str();
+  c->add_option(
+      "--reduce-dtype", o.reduce_dtype,
+      "fp32, bf16 or fp16: the dtype gradients are reduced in (default: the --precision's), e.g. fp32 "
+      "under bf16 so that the ranks' gradients are summed in fp32 and rounded once");
+  c->add_flag("--checkpoint-activations", o.checkpoint_activations,
+              "Activation checkpointing per transformer block: each block keeps only its input and "
+              "recomputes the rest in backward (less memory, one more forward of compute)");
   c->add_flag("--deterministic", o.deterministic,
               "Bitwise the same parameters at any power-of-2 number of data-parallel ranks (dp, zero1-3; the "
               "same intra-op threads per rank): the global batch is cut into --accumulation fixed "

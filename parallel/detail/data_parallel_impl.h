@@ -105,6 +105,12 @@ struct DataParallel::Impl {
 
   int64_t replicas() const { return replicate ? replicate->group_size() : 1; }
 
+  // Options of param p's gradient buckets and shards: its own, in opts.reduce_dtype if set.
+  at::TensorOptions grad_options(const Param& p) const {
+    at::TensorOptions o = p.tensor.options().requires_grad(false);
+    return opts.reduce_dtype ? o.dtype(*opts.reduce_dtype) : o;
+  }
+
   // Buffers (BatchNorm's running statistics) made group rank 0's again after a synchronised backward.
   void sync_buffers();
 
