@@ -152,7 +152,12 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
                           (pc.buckets.reduce_dtype ? *pc.buckets.reduce_dtype == at::kFloat
                                                    : precision == optim::Precision::kFp32);
   if (loss_rides) pc.buckets.side_values = 1;
-  optim::MixedPrecision mp(precision);
+  optim::LossScalerOptions scaler;
+  if (o.loss_scale > 0) {
+    scaler.dynamic = false;
+    scaler.initial_scale = o.loss_scale;
+  }
+  optim::MixedPrecision mp(precision, scaler);
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap([&](std::vector<at::Tensor> tensors) {
     return std::make_unique<torch::optim::AdamW>(tensors, adamw);
   }));
@@ -255,7 +260,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
                   precision == optim::Precision::kFp16 ? str_cat("; ", mp.scaler().to_string()).c_str() : "");
       std::printf(
           "mixed_precision_bookkeeping_ms_per_step %.3f (casts into and out of the fp32 masters, the "
-          "inf/nan check and its all-reduce, the scaler; rank 0)\n",
+          "unscaling and inf/nan check, the scaler; not the check's all-reduce; rank 0)\n",
           mp.bookkeeping_seconds() * 1000.0 / static_cast<double>(o.steps));
     }
     int64_t psi = 0;
@@ -330,6 +335,14 @@ int train_gpt(const TrainOptions& o) {
     pc.tp = o.tp;
     optim::MixedPrecision::check(optim::parse_precision(o.precision), pc);
     if (!o.reduce_dtype.empty()) optim::parse_precision(o.reduce_dtype);  // (a bad name: its message)
+    if (!(o.loss_scale >= 0) || !std::isfinite(o.loss_scale)) {
+      throw ValueError(str_cat("train: --loss-scale ", o.loss_scale,
+                               " must be 0 (dynamic) or a positive static scale, e.g. 1024."));
+    }
+    if (o.loss_scale > 0 && optim::parse_precision(o.precision) != optim::Precision::kFp16) {
+      throw ValueError(str_cat("train: --loss-scale ", o.loss_scale, " is for --precision fp16 (got ",
+                               o.precision, "): bf16 and fp32 need no loss scale. Leave it out."));
+    }
   }
   if (o.sequence_parallel && o.tp == 1) {
     throw ValueError(

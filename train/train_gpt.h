@@ -26,6 +26,7 @@ struct TrainOptions {
   double clip = 0;              // global gradient-norm clipping (optim::clip_grad_norm); 0: none
   std::string precision =
       "fp32";                // fp32, bf16, fp16 (optim::MixedPrecision: fp32 masters; fp16 loss scaling)
+  double loss_scale = 0;     // fp16: 0 dynamic (DeepSpeed's defaults), else a static scale
   std::string reduce_dtype;  // the gradients' reduction dtype ("": the precision's)
   bool checkpoint_activations = false;  // per block (models/checkpoint.h)
   bool deterministic = false;  // DataParallelOptions::deterministic: accumulation = all micro-batches

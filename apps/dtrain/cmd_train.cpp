@@ -48,6 +48,10 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
        "fp32, bf16 or fp16: compute precision, with fp32 master weights in the optimizer and, for fp16, "
        "DeepSpeed's dynamic loss scaling (initial 2^16, window 1000, hysteresis 2); any --strategy and --tp")
       ->capture_default_str();
+  c->add_option("--loss-scale", o.loss_scale,
+                "fp16: 0 for DeepSpeed's dynamic loss scaling (the default), or a static scale, e.g. 1024 "
+                "(DeepSpeed's fp16.loss_scale); an overflowing step is skipped either way")
+      ->capture_default_str();
   c->add_option(
       "--reduce-dtype", o.reduce_dtype,
       "fp32, bf16 or fp16: the dtype gradients are reduced in (default: the --precision's), e.g. fp32 "
