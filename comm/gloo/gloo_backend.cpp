@@ -77,9 +77,13 @@ class GlooWork : public Work {
     try {
       work_->wait(left);
     } catch (...) {
-      // c10d reports its own timeout as an exception too: only a completed work carries an engine error.
+      // c10d reports its own timeout as an exception too ("Operation timed out!"): only a completed work
+      // carries an engine error, and a work may complete between the timed wait giving up and this check,
+      // so the caught exception is never what is reported (it was, rarely, a spurious failure of an op that
+      // had succeeded at the end of a wait slice).
       if (!work_->isCompleted()) return false;
-      throw;
+      if (work_->isSuccess()) return true;
+      std::rethrow_exception(work_->exception());
     }
     return true;
   }
@@ -260,10 +264,10 @@ GlooBackend::~GlooBackend() = default;
 // A signed collective: its signature is all-gathered (a c10d collective of its own), and when that completes,
 // c10d's worker thread itself checks the signatures and queues the data op (the future's callback), so the
 // data op starts without another thread hand-off. Every rank must queue its c10d collectives in the same
-// order, so a collective (its all_gather, or an unsigned member of an AgreementRun itself) is queued only once
-// every earlier collective of the group has settled (queued its data op or failed): at once when they have
-// (the usual case: the caller waited for the previous one), else by the issuer thread, which waits for them;
-// the caller never blocks. After a failed agreement, every later collective fails with that error.
+// order, so a collective (its all_gather, or an unsigned member of an AgreementRun itself) is queued only
+// once every earlier collective of the group has settled (queued its data op or failed): at once when they
+// have (the usual case: the caller waited for the previous one), else by the issuer thread, which waits for
+// them; the caller never blocks. After a failed agreement, every later collective fails with that error.
 // `start` and everything the agreement's callback holds refer to the process group by a plain pointer: the
 // callback runs on the group's own worker thread, which the group joins before it is freed, and a strong
 // reference released there would destroy the group on its own thread (join of itself: std::terminate).
