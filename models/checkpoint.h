@@ -27,6 +27,13 @@ namespace dtrain::models {
 
 using CheckpointBody = std::function<at::Tensor(const at::Tensor&)>;
 
+// A module that can recompute its activations in backward (it calls checkpoint() itself when on):
+// parallel::ParallelConfig::checkpoint switches the modules its patterns name.
+struct Checkpointable {
+  virtual ~Checkpointable() = default;
+  virtual void set_checkpointing(bool on) = 0;
+};
+
 // `body`(x), its activations recomputed in backward. `body` must outlive the backward (a module's member).
 // Without grad mode, or when neither x nor params require grad, it is body(x).
 at::Tensor checkpoint(const CheckpointBody& body, const at::Tensor& x, const std::vector<at::Tensor>& params);

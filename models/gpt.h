@@ -52,8 +52,9 @@ struct MLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-struct BlockImpl : torch::nn::Module {
+struct BlockImpl : torch::nn::Module, Checkpointable {
   explicit BlockImpl(const GPTConfig& c);
+  void set_checkpointing(bool on) override { checkpoint = on; }
   // With checkpoint set, the block's activations are recomputed in backward (models/checkpoint.h).
   at::Tensor forward(const at::Tensor& x);
 

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "mesh/device_mesh.h"
+#include "models/checkpoint.h"
 
 namespace dtrain::parallel {
 
@@ -53,6 +54,37 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
   return s;
 }
 
+namespace {
+
+// ParallelConfig::checkpoint: every pattern must name at least one module, and each one it names must be
+// models::Checkpointable. Checked before anything is switched.
+void apply_checkpointing(torch::nn::Module& module, const std::vector<std::string>& patterns) {
+  std::vector<models::Checkpointable*> chosen;
+  for (const auto& pattern : patterns) {
+    int matched = 0;
+    std::string names;
+    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+      names += str_cat(names.empty() ? "" : ", ", item.key());
+      if (!tp_pattern_matches(pattern, item.key())) continue;
+      ++matched;
+      auto* c = dynamic_cast<models::Checkpointable*>(item.value().get());
+      if (c == nullptr) {
+        throw ValueError(str_cat("parallelize: checkpoint pattern '", pattern, "' names module '", item.key(),
+                                 "', which cannot recompute its activations: it must derive "
+                                 "models::Checkpointable and call models::checkpoint in its forward."));
+      }
+      chosen.push_back(c);
+    }
+    if (matched == 0) {
+      throw ValueError(str_cat("parallelize: checkpoint pattern '", pattern,
+                               "' names no module. The module's submodules: ", names, "."));
+    }
+  }
+  for (auto* c : chosen) c->set_checkpointing(true);
+}
+
+}  // namespace
+
 Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
                            const OptimizerFactory& make)
     : strategy_(validate_parallel_config(config, world->group_size())),
@@ -60,7 +92,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
       tp_size_(config.tp),
       shard_size_(config.shard_size),
       deterministic_(config.buckets.deterministic) {
-  // The fixed order: tensor parallel, ZeRO, data parallel (activation checkpointing: the model's, per block).
+  // The fixed order: tensor parallel, activation checkpointing, ZeRO, data parallel.
   if (config.tp > 1) {
     const int64_t n = world->group_size();
     mesh_ = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / config.tp, config.tp},
@@ -68,6 +100,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
     tp_ = std::make_unique<TensorParallel>(module, mesh_->axis_group("tp"), config.tp_plan);
     world = mesh_->axis_group("dp");  // the strategy below runs over the data-parallel axis
   }
+  apply_checkpointing(module, config.checkpoint);
   if (strategy_ == Strategy::kHybridShard) {
     // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
     // rule), a replica group the ranks at the same place in each

@@ -1,6 +1,6 @@
 // parallelize(): one entry point that applies a whole parallel configuration to a user's module, in one
-// fixed, documented order (DESIGN §2: tensor parallel, then ZeRO/FSDP, then data parallel; activation
-// checkpointing is the model's per block, models/checkpoint.h), validating every degree up front. The
+// fixed, documented order (DESIGN §2: tensor parallel, then activation checkpointing, then ZeRO/FSDP, then
+// data parallel), validating every degree up front. The
 // data-parallel strategies (dp, zero1, zero2, zero3 over the whole group; hsdp: zero3 within groups of
 // shard_size consecutive ranks, replicated across the groups, on a [replicas, shard_size] mesh); with tp > 1,
 // a [dp, tp] mesh (tp consecutive ranks form a tensor-parallel group): the plan's styles over the tp axis
@@ -27,6 +27,10 @@ struct ParallelConfig {
   TensorParallelPlan tp_plan;   // tp > 1: the styles
   int64_t shard_size = 0;       // hsdp: ranks per ZeRO-3 group (0: not set)
   DataParallelOptions buckets;  // bucket sizes, allow_unused, ...
+  // Activation checkpointing: module-name patterns ("h*": '*' within one name component) whose modules
+  // recompute their activations in backward. Each must derive models::Checkpointable (models/checkpoint.h;
+  // models::GPT's blocks do); libtorch's C++ modules have no forward hooks to wrap others.
+  std::vector<std::string> checkpoint;
 };
 
 // Checks `config` against the world size before anything is built: the strategy's name, the degrees (tp and

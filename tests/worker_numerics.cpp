@@ -386,10 +386,10 @@ void check_deterministic_refusals(const comm::BackendPtr& world) {
   }
 }
 
-// Activation checkpointing per block under `strategy` x tp in float64: 6 AdamW steps at accumulation 2 of a
-// GPT whose blocks recompute their activations in backward, against one process without checkpointing: each
-// step's loss within 1e-9 relative, the final parameters within 1e-9; each block recomputed once per
-// micro-batch.
+// Activation checkpointing per block (parallelize's checkpoint pattern "h*") under `strategy` x tp in
+// float64: 6 AdamW steps at accumulation 2 of a GPT whose blocks recompute their activations in backward,
+// against one process without checkpointing: each step's loss within 1e-9 relative, the final parameters
+// within 1e-9; each block recomputed once per micro-batch.
 void check_checkpointing(const comm::BackendPtr& world, const std::string& strategy, int64_t tp,
                          int64_t shard_size = 0) {
   const std::string tag = str_cat("checkpointing ", strategy, " x tp ", tp, ": ");
@@ -397,12 +397,12 @@ void check_checkpointing(const comm::BackendPtr& world, const std::string& strat
   const int64_t B = 7, T = cfg.block_size, acc = 2;
   const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
   auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
-  gpt->set_activation_checkpointing(true);
   auto ref_opt = parity_adamw(ref->parameters());
   parallel::ParallelConfig pc;
   pc.strategy = strategy;
   pc.tp = tp;
   pc.shard_size = shard_size;
+  pc.checkpoint = {"h*"};  // every block
   if (tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, false);
   auto par = parallel::parallelize(*gpt, world, pc, parity_adamw);
   for (int64_t step = 1; step <= 6; ++step) {
@@ -477,9 +477,30 @@ void suite_deterministic(const comm::BackendPtr& world, const std::string& dir) 
   check_deterministic_refusals(world);
 }
 
+// parallelize's checkpoint patterns: one naming no module, or a module that cannot recompute, is refused
+// before anything changes.
+void check_checkpointing_refusals(const comm::BackendPtr& world) {
+  for (const auto& [pattern, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"blocks*", "names no module. The module's submodules: wte, wpe, drop, h0, "},
+           {"h0.attn", "names module 'h0.attn', which cannot recompute its activations"}}) {
+    auto [ref, gpt] = twin_gpts(clip_gpt(), at::kFloat);
+    parallel::ParallelConfig pc;
+    pc.checkpoint = {pattern};
+    std::string error;
+    try {
+      parallel::parallelize(*gpt, world, pc, parity_adamw);
+    } catch (const ValueError& e) {
+      error = e.what();
+    }
+    check_true(str_cat("checkpoint pattern '", pattern, "' refused (got '", error, "')"),
+               error.find(expected) != std::string::npos);
+  }
+}
+
 void suite_checkpointing(const comm::BackendPtr& world) {
   const int64_t n = world->group_size();
   if (n == 1) check_checkpointing_dropout();
+  check_checkpointing_refusals(world);
   for (const char* s : {"dp", "zero1", "zero2", "zero3"}) check_checkpointing(world, s, 1);
   if (n > 1) check_checkpointing(world, "dp", n);
   if (n == 4) {

@@ -143,6 +143,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
   pc.tp_plan = gpt_tensor_parallel_plan(cfg, o.sequence_parallel);
   pc.buckets = dpo;
   pc.buckets.deterministic = o.deterministic;
+  if (o.checkpoint_activations) pc.checkpoint = {"h*"};  // every block
   if (!o.reduce_dtype.empty()) {
     pc.buckets.reduce_dtype = optim::compute_dtype(optim::parse_precision(o.reduce_dtype));
   }
@@ -390,7 +391,6 @@ int train_gpt(const TrainOptions& o) {
   cfg.seed = o.seed;
   models::GPT gpt(cfg);
   gpt->to(optim::compute_dtype(optim::parse_precision(o.precision)));  // fp32: as built
-  gpt->set_activation_checkpointing(o.checkpoint_activations);
   int64_t n_params = 0;
   double sum_squares = 0;  // of the initial weights: a fingerprint a peer (bench/gpt_ddp.py) can compare
   for (const auto& p : gpt->parameters()) {
