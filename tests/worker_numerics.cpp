@@ -25,6 +25,25 @@ namespace dtrain::test {
 
 namespace {
 
+// This rank's part of the whole parameter `whole` named `name` under `par` (itself without tensor parallel).
+at::Tensor part_of(parallel::Parallelized& par, const std::string& name, const at::Tensor& whole) {
+  if (auto* tpl = par.tensor_parallel()) {
+    const auto p = tpl->part_of(name);
+    if (p.count >= 0) return whole.narrow(p.dim, p.start, p.count);
+  }
+  return whole;
+}
+
+// Every parameter of `gpt` (laid out by `par`) within relative `tol` of its part of `ref`'s.
+void check_final_parameters(const std::string& tag, models::GPT& ref, models::GPT& gpt,
+                            parallel::Parallelized& par, double tol) {
+  auto have = gpt->named_parameters();
+  for (const auto& item : ref->named_parameters()) {
+    check_relative(str_cat(tag, "final ", item.key()), have[item.key()].detach().clone(),
+                   part_of(par, item.key(), item.value().detach()), tol);
+  }
+}
+
 models::GPTConfig clip_gpt() {
   models::GPTConfig c;
   c.vocab_size = 48;
@@ -91,15 +110,7 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
                    at::full({1}, ref_norm, at::kDouble), 1e-6);
     par->step();
   }
-  auto have = gpt->named_parameters();
-  for (const auto& item : ref->named_parameters()) {
-    at::Tensor expected = item.value().detach();
-    if (auto* tpl = par->tensor_parallel()) {
-      const auto p = tpl->part_of(item.key());
-      if (p.count >= 0) expected = expected.narrow(p.dim, p.start, p.count);
-    }
-    check_relative(str_cat(tag, "final ", item.key()), have[item.key()].detach().clone(), expected, 1e-5);
-  }
+  check_final_parameters(tag, ref, gpt, *par, 1e-5);
 }
 
 // One cell of the composition matrix: `steps` AdamW steps of models::GPT under `strategy` x tp, in
@@ -243,11 +254,7 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
   if (!fp32) return;
   auto have = gpt->named_parameters();
   for (const auto& item : ref->named_parameters()) {
-    at::Tensor expected = item.value().detach();
-    if (auto* tpl = par->tensor_parallel()) {
-      const auto p = tpl->part_of(item.key());
-      if (p.count >= 0) expected = expected.narrow(p.dim, p.start, p.count);
-    }
+    const at::Tensor expected = part_of(*par, item.key(), item.value().detach());
     const at::Tensor got = have[item.key()].detach().clone();
     if (item.key().find("attn.k.bias") != std::string::npos) {
       // attention's key bias: softmax ignores it, its gradient is fp32 rounding noise (about 1e-7) that
@@ -432,15 +439,7 @@ void check_checkpointing(const comm::BackendPtr& world, const std::string& strat
     world->all_reduce(l)->wait();
     check_relative(str_cat(tag, "step ", step, " loss"), l, at::full({1}, ref_loss, at::kDouble), 1e-9);
   }
-  auto have = gpt->named_parameters();
-  for (const auto& item : ref->named_parameters()) {
-    at::Tensor expected = item.value().detach();
-    if (auto* tpl = par->tensor_parallel()) {
-      const auto p = tpl->part_of(item.key());
-      if (p.count >= 0) expected = expected.narrow(p.dim, p.start, p.count);
-    }
-    check_relative(str_cat(tag, "final ", item.key()), have[item.key()].detach().clone(), expected, 1e-9);
-  }
+  check_final_parameters(tag, ref, gpt, *par, 1e-9);
 }
 
 // Dropout under checkpointing: the recomputation draws the same masks, so the gradients equal those of the
