@@ -76,4 +76,18 @@ std::string LossScaler::to_string() const {
                  skipped_, " steps skipped of ", iter_, ")");
 }
 
+void LossScaler::restore(const State& s) {
+  if (!(s.scale > 0) || !std::isfinite(s.scale) || s.steps < 0 || s.skipped < 0 || s.skipped > s.steps ||
+      s.hysteresis_left < 0 || s.last_overflow < -1 || s.last_overflow >= s.steps) {
+    throw ValueError(str_cat("loss scaler: a saved state (scale ", s.scale, ", steps ", s.steps, ", skipped ",
+                             s.skipped, ", hysteresis left ", s.hysteresis_left, ", last overflow ",
+                             s.last_overflow, ") is not one a scaler can be in. The checkpoint is damaged."));
+  }
+  scale_ = s.scale;
+  iter_ = s.steps;
+  last_overflow_ = s.last_overflow;
+  hysteresis_left_ = s.hysteresis_left;
+  skipped_ = s.skipped;
+}
+
 }  // namespace dtrain::optim

@@ -44,6 +44,14 @@ class LossScaler {
   int64_t hysteresis_left() const { return hysteresis_left_; }
   const LossScalerOptions& options() const { return opts_; }
   std::string to_string() const;  // "loss scale 32768 (hysteresis 1 of 2, 3 steps skipped of 1200)"
+  // Everything update() depends on, for a checkpoint: a restored scaler goes on exactly as the saved one.
+  struct State {
+    double scale = 0;
+    int64_t steps = 0, last_overflow = -1, hysteresis_left = 0, skipped = 0;
+  };
+  State state() const { return {scale_, iter_, last_overflow_, hysteresis_left_, skipped_}; }
+  // ValueError for a state no scaler of these options can be in (a scale that is not positive and finite).
+  void restore(const State& s);
 
  private:
   LossScalerOptions opts_;

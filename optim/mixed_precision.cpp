@@ -108,4 +108,12 @@ void MixedPrecision::copy_back() {
   bookkeeping_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+void MixedPrecision::restore(const LossScaler::State& scaler, int64_t skipped) {
+  if (precision_ == Precision::kFp16) {
+    scaler_.restore(scaler);
+  } else {
+    bf16_skipped_ = skipped;
+  }
+}
+
 }  // namespace dtrain::optim

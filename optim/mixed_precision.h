@@ -42,6 +42,10 @@ class MixedPrecision {
   // The masters' new values into the 16-bit parameters (or shards: before ZeRO gathers them, see step()).
   void copy_back();
   const LossScaler& scaler() const { return scaler_; }
+  // The fp32 masters of the tensors the optimizer factory was given, in the same order (empty under fp32).
+  const std::vector<at::Tensor>& masters() const { return masters_; }
+  // A checkpoint's scaler state and skipped-step count (bf16 counts its own).
+  void restore(const LossScaler::State& scaler, int64_t skipped);
   // Steps skipped for an inf or nan.
   int64_t skipped() const { return precision_ == Precision::kFp16 ? scaler_.skipped() : bf16_skipped_; }
   Precision precision() const { return precision_; }

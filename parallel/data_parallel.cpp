@@ -709,7 +709,7 @@ std::vector<DataParallel::ShardSegment> DataParallel::shard_segments() const {
       const auto& p = impl_->params[i];
       const int64_t numel = c10::multiply_integers(p.sizes);
       const int64_t from = std::max(lo, p.offset), to = std::min(hi, p.offset + numel);
-      if (to > from) out.push_back(ShardSegment{k, p.name, from - lo, to - from});
+      if (to > from) out.push_back(ShardSegment{k, p.name, from - lo, to - from, from - p.offset, p.sizes});
     }
   }
   return out;

@@ -144,6 +144,8 @@ class DataParallel {
     size_t bucket = 0;
     std::string param;
     int64_t offset = 0, count = 0;  // elements into the bucket's shard
+    int64_t param_offset = 0;       // elements into the parameter (row-major) where the run starts
+    std::vector<int64_t> sizes;     // the parameter's (this rank's tensor-parallel part's) shape
   };
   std::vector<ShardSegment> shard_segments() const;
   // ZeRO: each bucket's shard sizes, per group rank.

@@ -121,7 +121,10 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
   if (!(tp_ && world->group_size() == 1)) {
     dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);
   }
-  given_ = module.parameters();
+  for (const auto& item : module.named_parameters()) {
+    given_.push_back(item.value());
+    given_names_.push_back(item.key());
+  }
   optimizer_ = make(given_);
   if (!optimizer_) throw ValueError("parallelize: the optimizer factory returned no optimizer.");
 }
@@ -202,6 +205,48 @@ std::vector<Parallelized::GradPart> Parallelized::gradient_parts() const {
     }
   }
   return out;
+}
+
+std::vector<at::Tensor> Parallelized::given_tensors() const { return zero_ ? zero_->shards() : given_; }
+
+std::vector<std::vector<Parallelized::StateSegment>> Parallelized::state_layout() const {
+  std::vector<std::vector<StateSegment>> out;
+  if (zero_) {
+    out.resize(zero_->shards().size());
+    for (const auto& seg : zero_->shard_segments()) {
+      out.at(seg.bucket)
+          .push_back(StateSegment{seg.param, seg.sizes, seg.param_offset, seg.offset, seg.count});
+    }
+    return out;
+  }
+  for (size_t i = 0; i < given_.size(); ++i) {
+    const auto sizes = given_[i].sizes().vec();
+    out.push_back({StateSegment{given_names_[i], sizes, 0, 0, given_[i].numel()}});
+  }
+  return out;
+}
+
+void Parallelized::given_tensors_changed() {
+  if (zero_) zero_->shards_changed();
+}
+
+std::string Parallelized::placement_of(const std::string& param) const {
+  std::string tp;
+  if (tp_) {
+    const auto part = tp_->part_of(param);
+    tp = part.count >= 0 ? str_cat("Shard(", part.dim, ") over tp ", tp_size_)
+                         : str_cat("Replicate over tp ", tp_size_);
+  }
+  const int64_t ndp = world_->group_size() / tp_size_;
+  std::string dp;
+  if (zero_) {
+    dp = shard_size_ > 0 ? str_cat("flat shards of buckets over ", shard_size_, " ranks, replicated ",
+                                   ndp / shard_size_, " times")
+                         : str_cat("flat shards of buckets over dp ", ndp, " (", to_string(strategy_), ")");
+  } else {
+    dp = str_cat("Replicate over dp ", ndp);
+  }
+  return tp.empty() ? dp : str_cat(tp, ", ", dp);
 }
 
 size_t Parallelized::bucket_count() const {

@@ -79,6 +79,22 @@ class Parallelized {
   // rank's blocks gathered in bucket and block order (one all-gather of doubles): the same tensor at any
   // world size in deterministic mode, whose shards are cut at block edges. optim::clip_grad_norm's norm.
   at::Tensor gradient_block_squares() const;
+  // What a checkpoint saves (checkpoint/training_state.h): the tensors the optimizer factory was given (the
+  // module's parameters, or this rank's ZeRO shards), and for each of them the runs of parameters it holds.
+  struct StateSegment {
+    std::string param;              // the module's parameter name
+    std::vector<int64_t> sizes;     // the parameter's shape on this rank (its tensor-parallel part)
+    int64_t param_offset = 0;       // elements into it (row-major) where the run starts
+    int64_t offset = 0, count = 0;  // elements into the given tensor (flattened)
+  };
+  std::vector<at::Tensor> given_tensors() const;
+  std::vector<std::vector<StateSegment>> state_layout() const;
+  // After a checkpoint was loaded into the given tensors: ZeRO's parameters made to match their shards.
+  // Collective.
+  void given_tensors_changed();
+  // Replicas of each given tensor's values: ranks holding the same ZeRO shards (hsdp), for the manifest's
+  // words.
+  std::string placement_of(const std::string& param) const;
   // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp; null otherwise.
   const std::shared_ptr<mesh::DeviceMesh>& mesh() const { return mesh_; }
 
@@ -93,6 +109,7 @@ class Parallelized {
   std::unique_ptr<Zero> zero_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // dp's, over the whole module
   std::vector<at::Tensor> given_;                       // the tensors dp's optimizer factory was given
+  std::vector<std::string> given_names_;                // their parameter names
   std::shared_ptr<mesh::DeviceMesh> mesh_;              // hsdp's or [dp, tp]
 };
 

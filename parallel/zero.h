@@ -90,6 +90,11 @@ class Zero {
   PassTimeline last_pass() const { return dp_.last_pass(); }
   // Each bucket's shard sizes, per rank of the group.
   std::vector<std::vector<int64_t>> shard_counts() const { return dp_.shard_counts(); }
+  // This rank's shard of each bucket (the tensors the optimizer factory was given), in bucket order.
+  std::vector<at::Tensor> shards() const { return dp_.shard_parameters(); }
+  // After the shards were written other than by step() (a checkpoint loaded into them): stages 1 and 2
+  // all-gather them into the parameters, stage 3 lets its gathered units go. Collective over the group.
+  void shards_changed() { dp_.gather_parameters(); }
 
  private:
   int stage_;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/training_state.h"
 #include "comm/init.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
@@ -63,8 +64,12 @@ namespace {
 // step (step, loss, elapsed_s, tokens_per_s) written and flushed as it comes.
 class StepLog {
  public:
-  StepLog(const TrainOptions& o, bool lead, int64_t tokens_per_step)
-      : o_(o), lead_(lead), tokens_per_step_(tokens_per_step), t0_(std::chrono::steady_clock::now()) {
+  StepLog(const TrainOptions& o, bool lead, int64_t tokens_per_step, int64_t first_step)
+      : o_(o),
+        lead_(lead),
+        tokens_per_step_(tokens_per_step),
+        first_step_(first_step),
+        t0_(std::chrono::steady_clock::now()) {
     if (lead_ && !o.metrics.empty()) {
       metrics_.open(o.metrics, std::ios::trunc);
       if (!metrics_) {
@@ -75,22 +80,22 @@ class StepLog {
   }
   // Whether step `step` needs the global loss.
   bool wants(int64_t step) const {
-    return !o_.metrics.empty() || step == 1 || step % o_.log_every == 0 || step == o_.steps;
+    return !o_.metrics.empty() || step == first_step_ || step % o_.log_every == 0 || step == o_.steps;
   }
   // grad_norm: the global gradient norm before clipping (with --clip), else negative.
   void step(int64_t step, double loss, double grad_norm) {
-    if (step == 1) first_loss = loss;
+    if (step == first_step_) first_loss = loss;
     last_loss = loss;
     if (!lead_) return;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    double rate = static_cast<double>(step * tokens_per_step_) / secs;
+    double rate = static_cast<double>((step - first_step_ + 1) * tokens_per_step_) / secs;
     if (metrics_.is_open()) {
       nlohmann::json j{{"step", step}, {"loss", loss}, {"elapsed_s", secs}, {"tokens_per_s", rate}};
       if (grad_norm >= 0) j["grad_norm"] = grad_norm;
       metrics_ << j.dump() << "\n";
       metrics_.flush();
     }
-    if (step == 1 || step % o_.log_every == 0 || step == o_.steps) {
+    if (step == first_step_ || step % o_.log_every == 0 || step == o_.steps) {
       std::printf("step %5ld  loss %.4f  %.0f tokens/s%s\n", static_cast<long>(step), loss, rate,
                   grad_norm >= 0 ? str_cat("  grad norm ", grad_norm).c_str() : "");
       std::fflush(stdout);
@@ -102,6 +107,7 @@ class StepLog {
   const TrainOptions& o_;
   bool lead_;
   int64_t tokens_per_step_;
+  int64_t first_step_;
   std::chrono::steady_clock::time_point t0_;
   std::ofstream metrics_;
 };
@@ -119,9 +125,12 @@ double peak_rss_mib() {
   return 0;
 }
 
-void print_end(const TrainOptions& o, const StepLog& log, double val, const std::string& last_step_comm) {
-  std::printf("dtrain train: loss %.4f -> %.4f over %ld steps; validation loss %.4f (uniform guess: %.4f)\n",
-              log.first_loss, log.last_loss, static_cast<long>(o.steps), val, std::log(256.0));
+void print_end(const TrainOptions& o, const StepLog& log, double val, const std::string& last_step_comm,
+               int64_t first_step) {
+  std::printf(
+      "dtrain train: loss %.4f -> %.4f over steps %ld..%ld; validation loss %.4f (uniform guess: %.4f)\n",
+      log.first_loss, log.last_loss, static_cast<long>(first_step), static_cast<long>(o.steps), val,
+      std::log(256.0));
   std::printf("communication of the last step (forward, backward, AdamW), by the op that caused it:\n%s",
               last_step_comm.empty() ? "  none\n" : last_step_comm.c_str());
 }
@@ -195,10 +204,46 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
           static_cast<long>(o.accumulation / n), at::get_num_threads());
     }
   }
-  StepLog log(o, lead, o.batch * cfg.block_size);
+  // Checkpoints: the data position is the step (each step's windows are drawn from the seed and the step).
+  checkpoint::TrainingState ckpt(*gpt, *par, &mp);
+  const nlohmann::json position{{"seed", o.seed}, {"batch", o.batch}, {"seq", cfg.block_size}};
+  int64_t first_step = 1;
+  if (!o.init_from.empty()) {
+    ckpt.import_weights(o.init_from);
+    if (lead) std::printf("dtrain train: weights imported from %s\n", o.init_from.c_str());
+  }
+  if (!o.resume.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const checkpoint::Resumed r = ckpt.load(o.resume);
+    first_step = r.step + 1;
+    if (lead) {
+      std::printf("dtrain train: resumed from %s (step %ld) in %.2f s; random state %s\n", r.dir.c_str(),
+                  static_cast<long>(r.step),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                  r.rng_restored ? "restored" : "not restored (saved at another world size)");
+      if (r.meta.value("seed", o.seed) != o.seed || r.meta.value("batch", o.batch) != o.batch) {
+        std::printf(
+            "dtrain train: note: the checkpoint's run drew its batches with seed %ld and batch %ld; this "
+            "run uses seed %ld and batch %ld, so its batches from here on differ\n",
+            static_cast<long>(r.meta.value("seed", o.seed)),
+            static_cast<long>(r.meta.value("batch", o.batch)), static_cast<long>(o.seed),
+            static_cast<long>(o.batch));
+      }
+    }
+  }
+  auto save = [&](int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string dir = ckpt.save(o.save, step, position, o.keep);
+    if (lead) {
+      std::printf("dtrain train: checkpoint of step %ld saved to %s in %.2f s\n", static_cast<long>(step),
+                  dir.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  };
+  StepLog log(o, lead, o.batch * cfg.block_size, first_step);
   const int64_t T = cfg.block_size;
   std::string last_step_comm;
-  for (int64_t step = 1; step <= o.steps; ++step) {
+  for (int64_t step = first_step; step <= o.steps; ++step) {
     at::Tensor w = sample_windows(corpus.train, o.batch, T, o.seed, step);
     tensor::CommLog::instance().clear();  // the log then holds one step
     par->zero_grad();
@@ -240,6 +285,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       }
       log.step(step, global_loss.item<double>(), grad_norm);
     }
+    if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save(step);
   }
   // Model state as training leaves it (before the evaluation below gathers ZeRO-3's units for its forward),
   // and the peak memory of training (the evaluation's whole-batch forward is not training's).
@@ -254,7 +300,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
     }
   }
   if (lead) {
-    print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm);
+    print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm, first_step);
     if (precision != optim::Precision::kFp32) {
       std::printf("mixed precision %s with fp32 master weights: %ld steps skipped for an inf or nan%s\n",
                   optim::to_string(precision), static_cast<long>(mp.skipped()),
@@ -307,6 +353,18 @@ int train_gpt(const TrainOptions& o) {
   if (o.batch > (int64_t{1} << 20) || o.batch * (o.model.block_size + 1) > (int64_t{1} << 30)) {
     throw ValueError(str_cat("train: --batch ", o.batch, " sequences of ", o.model.block_size + 1,
                              " tokens is more than 2^30 tokens per step. Use a smaller --batch or --seq."));
+  }
+  if (o.save_every < 0 || o.keep < 0) {
+    throw ValueError(str_cat("train: --save-every ", o.save_every, " and --keep ", o.keep,
+                             " must not be negative (0: save at the end only; keep all)."));
+  }
+  if ((o.save_every > 0) && o.save.empty()) {
+    throw ValueError("train: --save-every needs --save DIR (the folder the checkpoints go to).");
+  }
+  if (!o.resume.empty() && !o.init_from.empty()) {
+    throw ValueError(str_cat("train: --resume ", o.resume, " and --init-from ", o.init_from,
+                             " both set the weights. Use --resume to continue a run, --init-from to start a "
+                             "new one from a safetensors file."));
   }
   if (o.batch < 1 || o.steps < 1) {
     throw ValueError(str_cat("train: --batch ", o.batch, " and --steps ", o.steps, " must be positive."));

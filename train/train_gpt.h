@@ -31,6 +31,14 @@ struct TrainOptions {
   bool checkpoint_activations = false;  // per block (models/checkpoint.h)
   bool deterministic = false;  // DataParallelOptions::deterministic: accumulation = all micro-batches
   std::string metrics;         // a JSONL file, one object per step on rank 0 ("" = none)
+  // Checkpoints (checkpoint/training_state.h): saved under `save` every `save_every` steps and at the end,
+  // the newest `keep` kept; `resume` (a step folder, or a root: its latest) continues that run from its step;
+  // `init_from` (a safetensors file, e.g. an export) starts from its weights.
+  std::string save;
+  int64_t save_every = 0;  // 0: at the end only
+  int64_t keep = 3;
+  std::string resume;
+  std::string init_from;
   double lr = 1e-3;
   double weight_decay = 0.1;
   int64_t log_every = 20;

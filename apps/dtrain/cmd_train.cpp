@@ -66,6 +66,19 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
               "balanced tree");
   c->add_option("--metrics", o.metrics,
                 "Write one JSON object per step (step, loss, elapsed_s) to this file");
+  c->add_option(
+      "--save", o.save,
+      "Save checkpoints under this folder (step-<N>, and 'latest' naming the newest): every "
+      "--save-every steps and at the end; sharded, atomic, loadable at any world size and strategy");
+  c->add_option("--save-every", o.save_every, "Steps between checkpoints (0: at the end only)")
+      ->capture_default_str();
+  c->add_option("--keep", o.keep, "Checkpoints kept under --save, the newest (0: all)")
+      ->capture_default_str();
+  c->add_option("--resume", o.resume,
+                "Continue the run saved here (a step folder, or a --save folder: its latest) from its step, "
+                "under any world size, --strategy and --tp");
+  c->add_option("--init-from", o.init_from,
+                "Start from the weights of this safetensors file (e.g. `dtrain ckpt export`'s), any layout");
   c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   c->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
   c->add_option("--log-every", o.log_every, "Log the loss every this many steps")->capture_default_str();

@@ -1,7 +1,8 @@
 // The dtrain command-line tool: `dtrain run` (launcher), `dtrain bench comm` (collective benchmark),
-// `dtrain explain` (DTensor redistribution plans) and `dtrain train` (GPT on text).
-// Argument parsing and exit codes only; the work is done by the libraries. Exit codes: 0 success, 1 failure
-// at run time, 2 bad usage or input; `dtrain run` passes on its ranks' outcome (see launch/launcher.h).
+// `dtrain explain` (DTensor redistribution plans), `dtrain train` (GPT on text) and `dtrain ckpt` (inspect
+// and export checkpoints). Argument parsing and exit codes only; the work is done by the libraries. Exit
+// codes: 0 success, 1 failure at run time, 2 bad usage or input; `dtrain run` passes on its ranks' outcome
+// (see launch/launcher.h).
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
@@ -9,6 +10,7 @@
 
 #include "apps/dtrain/bench_comm.h"
 #include "apps/dtrain/cmd_bench.h"
+#include "apps/dtrain/cmd_ckpt.h"
 #include "apps/dtrain/cmd_explain.h"
 #include "apps/dtrain/cmd_run.h"
 #include "apps/dtrain/cmd_train.h"
@@ -27,16 +29,19 @@ int main(int argc, char** argv) {
   CLI::App* explain = dtrain::apps::add_explain_command(app, explain_opts);
   dtrain::train::TrainOptions train_opts;
   CLI::App* train = dtrain::apps::add_train_command(app, train_opts);
+  dtrain::apps::CkptOptions ckpt_opts;
+  CLI::App* ckpt = dtrain::apps::add_ckpt_command(app, ckpt_opts);
   // A first word that is no command: say so, instead of CLI11's "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     const std::string word = argv[1];
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == word;
     if (!known) {
-      std::fprintf(stderr,
-                   "dtrain: error: '%s' is not a dtrain command. Use one of: run, train, explain, bench "
-                   "(`dtrain --help` lists them).\n",
-                   word.c_str());
+      std::fprintf(
+          stderr,
+          "dtrain: error: '%s' is not a dtrain command. Use one of: run, train, explain, bench, ckpt "
+          "(`dtrain --help` lists them).\n",
+          word.c_str());
       return 2;
     }
   }
@@ -46,6 +51,7 @@ int main(int argc, char** argv) {
     if (bench_comm->parsed()) return dtrain::apps::run_bench_comm(bench_opts);
     if (explain->parsed()) return dtrain::apps::run_explain(explain_opts);
     if (train->parsed()) return dtrain::train::train_gpt(train_opts);
+    if (ckpt->parsed()) return dtrain::apps::run_ckpt(*ckpt, ckpt_opts);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const dtrain::ValueError& e) {
