@@ -86,13 +86,14 @@ Region region_from(const nlohmann::json& j, const std::vector<int64_t>& shape) {
   return r;
 }
 
-// Test-only: DTRAIN_TEST_KILL_DURING_SAVE="<rank>:<point>" kills this process with SIGKILL at `point` of a
-// save (write: half-way through its shard file; commit: rank 0, the manifest written, before the rename;
-// latest: rank 0, after the rename, before `latest` moves), as a machine dying there would.
-void test_kill_point(int rank, const char* point) {
+// Test-only: DTRAIN_TEST_KILL_DURING_SAVE="<rank>:<point>:<step>" kills this process with SIGKILL at `point`
+// of the save of step `step` (write: half-way through its shard file; commit: rank 0, the manifest written,
+// before the rename; latest: rank 0, after the rename, before `latest` moves), as a machine dying there
+// would.
+void test_kill_point(int rank, const char* point, int64_t step) {
   const char* spec = std::getenv("DTRAIN_TEST_KILL_DURING_SAVE");
   if (spec == nullptr) return;
-  if (std::string(spec) == str_cat(rank, ":", point)) ::raise(SIGKILL);
+  if (std::string(spec) == str_cat(rank, ":", point, ":", step)) ::raise(SIGKILL);
 }
 
 struct Block {  // one block of this rank's shard file
@@ -103,7 +104,7 @@ struct Block {  // one block of this rank's shard file
 };
 
 // Writes this rank's blocks as a safetensors file; returns its FileInfo (name: base name).
-FileInfo write_shard(const std::string& path, std::vector<Block>& blocks, int rank) {
+FileInfo write_shard(const std::string& path, std::vector<Block>& blocks, int rank, int64_t step) {
   // widest dtypes first: every block then starts aligned to its element size
   std::stable_sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) {
     return a.data.element_size() > b.data.element_size();
@@ -132,7 +133,7 @@ FileInfo write_shard(const std::string& path, std::vector<Block>& blocks, int ra
     f.write(b.data.data_ptr(), bytes);
     crc.add(b.data.data_ptr(), bytes);
     written += static_cast<int64_t>(bytes);
-    if (written >= at / 2) test_kill_point(rank, "write");
+    if (written >= at / 2) test_kill_point(rank, "write", step);
   }
   f.sync();
   f.close();
@@ -153,9 +154,10 @@ void remove_tree(const std::string& path) {
 
 // Rank 0: the partial folder becomes the step's folder, atomically (an older one of the same step swapped out
 // and removed), then `latest` moves, then checkpoints beyond `keep` go.
-void commit(const std::string& root, const std::string& partial, const std::string& name, int64_t keep) {
+void commit(const std::string& root, const std::string& partial, const std::string& name, int64_t step,
+            int64_t keep) {
   const std::string final_dir = root + "/" + name;
-  test_kill_point(0, "commit");
+  test_kill_point(0, "commit", step);
   if (fs::exists(final_dir)) {
     if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
       throw ValueError(str_cat("checkpoint: cannot replace ", final_dir, ": ", std::strerror(errno), "."));
@@ -169,7 +171,7 @@ void commit(const std::string& root, const std::string& partial, const std::stri
     }
     sync_dir(root);
   }
-  test_kill_point(0, "latest");
+  test_kill_point(0, "latest", step);
   write_file_atomic(root + "/latest", name + "\n");
   if (keep <= 0) return;
   std::vector<std::string> steps;
@@ -279,10 +281,9 @@ std::string save(const std::string& root, int64_t step, const std::vector<Piece>
   });
   FileInfo info;
   on_every_rank(world, "checkpoint save", [&] {
-    info = write_shard(
-        str_cat(partial, "/", "rank-", std::string(5 - std::min<size_t>(5, std::to_string(rank).size()), '0'),
-                rank, ".safetensors"),
-        blocks, rank);
+    char file[32];
+    std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
+    info = write_shard(partial + "/" + file, blocks, rank, step);
   });
   nlohmann::json summary{{"name", info.name},
                          {"bytes", info.bytes},
@@ -331,7 +332,7 @@ std::string save(const std::string& root, int64_t step, const std::vector<Piece>
       f.close();
     }
     sync_dir(partial);
-    commit(root, partial, name, opts.keep);
+    commit(root, partial, name, step, opts.keep);
   });
   return root + "/" + name;
 }

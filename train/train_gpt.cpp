@@ -127,10 +127,16 @@ double peak_rss_mib() {
 
 void print_end(const TrainOptions& o, const StepLog& log, double val, const std::string& last_step_comm,
                int64_t first_step) {
-  std::printf(
-      "dtrain train: loss %.4f -> %.4f over steps %ld..%ld; validation loss %.4f (uniform guess: %.4f)\n",
-      log.first_loss, log.last_loss, static_cast<long>(first_step), static_cast<long>(o.steps), val,
-      std::log(256.0));
+  if (first_step > o.steps) {
+    std::printf(
+        "dtrain train: no step left to run (resumed at step %ld, --steps %ld); validation loss %.4f\n",
+        static_cast<long>(first_step - 1), static_cast<long>(o.steps), val);
+  } else {
+    std::printf(
+        "dtrain train: loss %.4f -> %.4f over steps %ld..%ld; validation loss %.4f (uniform guess: %.4f)\n",
+        log.first_loss, log.last_loss, static_cast<long>(first_step), static_cast<long>(o.steps), val,
+        std::log(256.0));
+  }
   std::printf("communication of the last step (forward, backward, AdamW), by the op that caused it:\n%s",
               last_step_comm.empty() ? "  none\n" : last_step_comm.c_str());
 }
@@ -287,6 +293,8 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
     }
     if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save(step);
   }
+  // a resumed run with no step left saves what it loaded under its own layout: a conversion between layouts
+  if (!o.save.empty() && first_step > o.steps) save(first_step - 1);
   // Model state as training leaves it (before the evaluation below gathers ZeRO-3's units for its forward),
   // and the peak memory of training (the evaluation's whole-batch forward is not training's).
   const parallel::ModelStateMemory state = par->memory();

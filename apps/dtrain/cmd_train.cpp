@@ -74,9 +74,11 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
       ->capture_default_str();
   c->add_option("--keep", o.keep, "Checkpoints kept under --save, the newest (0: all)")
       ->capture_default_str();
-  c->add_option("--resume", o.resume,
-                "Continue the run saved here (a step folder, or a --save folder: its latest) from its step, "
-                "under any world size, --strategy and --tp");
+  c->add_option(
+      "--resume", o.resume,
+      "Continue the run saved here (a step folder, or a --save folder: its latest) from its step, "
+      "under any world size, --strategy and --tp (with --steps at or below the saved step and --save: "
+      "save it again under this layout)");
   c->add_option("--init-from", o.init_from,
                 "Start from the weights of this safetensors file (e.g. `dtrain ckpt export`'s), any layout");
   c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
