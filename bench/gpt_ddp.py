@@ -139,6 +139,8 @@ def main():
     ap.add_argument("--sp", action="store_true", help="with --tp: sequence parallel (LayerNorms on the local sequence)")
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing per block")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--dcp-save", default="", help="after training, save model and optimizer state with torch.distributed.checkpoint (DDP only)")
+    ap.add_argument("--dcp-load", default="", help="after training, load model and optimizer state saved by --dcp-save (DDP only)")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
@@ -191,6 +193,19 @@ def main():
         opt.step()
         if out:
             out.write(json.dumps({"step": step, "loss": loss.item(), "elapsed_s": time.perf_counter() - t0}) + "\n")
+    if a.dcp_save or a.dcp_load:  # PyTorch's peer of dtrain's checkpoints (bench/run_ckpt.sh)
+        import torch.distributed.checkpoint as dcp
+
+        state = {"model": ddp.state_dict(), "optim": opt.state_dict()}
+        dist.barrier()
+        t = time.perf_counter()
+        if a.dcp_save:
+            dcp.save(state, checkpoint_id=a.dcp_save)
+        else:
+            dcp.load(state, checkpoint_id=a.dcp_load)
+        dist.barrier()
+        if rank == 0:
+            print(f"dcp_{'save' if a.dcp_save else 'load'}_s {time.perf_counter() - t:.4f}")
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if rank == 0:
         print(f"peak_rss_mib {peak_kib / 1024:.1f} net_of_interpreter_mib {(peak_kib - rss_before_kib) / 1024:.1f}")

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 
 #include "checkpoint/file_io.h"
@@ -389,58 +390,74 @@ struct Read {  // bytes of a file's data to a piece's tensor
   const std::string* key = nullptr;
 };
 
-// Reads `reads` (sorted by off, disjoint) from `f`, in windows of whole 1 MiB chunks, each chunk checked.
-void read_file(File& f, const FileInfo& info, std::vector<Read>& reads) {
-  constexpr int64_t C = kChunkBytes, kWindow = 64 * kChunkBytes;
+// Reads `reads` (sorted by off, disjoint) from `f`, in windows of whole 1 MiB chunks, each chunk checked. The
+// next window is read (a second thread) while this one is checked and copied out: disk and CPU overlap.
+void read_file(File& f, const FileInfo& info, const std::vector<Read>& reads) {
+  constexpr int64_t C = kChunkBytes, kWindow = 32 * kChunkBytes;
   const int64_t data_bytes = info.bytes - info.data_offset;
-  const bool checked = !info.crc32.empty();
   auto round_up = [&](int64_t x) { return std::min(data_bytes, (x + C - 1) / C * C); };
-  std::vector<char> buf;
-  size_t i = 0;
-  while (i < reads.size()) {
-    const int64_t w0 = reads[i].off / C * C;
+  struct Window {
+    int64_t w0, w1;
+    size_t i, j;  // the reads that may meet it
+  };
+  std::vector<Window> plan;
+  int64_t done = 0;  // bytes before this are read
+  for (size_t i = 0; i < reads.size();) {
+    const int64_t w0 = std::max(reads[i].off, done) / C * C;
     int64_t w1 = std::min(round_up(reads[i].off + reads[i].bytes), w0 + kWindow);
     size_t j = i + 1;
-    while (j < reads.size() && reads[j].off < w1 + C && w1 - w0 < kWindow) {
-      w1 = std::min(round_up(reads[j].off + reads[j].bytes), w0 + kWindow);
-      ++j;
+    // every read that starts inside the window meets it; one starting in the next chunk widens it (to the
+    // window's limit)
+    for (; j < reads.size(); ++j) {
+      if (reads[j].off >= w1 && !(reads[j].off < w1 + C && w1 - w0 < kWindow)) break;
+      w1 = std::max(w1, std::min(round_up(reads[j].off + reads[j].bytes), w0 + kWindow));
     }
-    buf.resize(static_cast<size_t>(w1 - w0));
-    f.read_at(info.data_offset + w0, buf.data(), buf.size());
-    if (checked) {
-      for (int64_t c = w0; c < w1; c += C) {
-        const int64_t len = std::min(C, data_bytes - c);
-        const uint32_t got = crc32_of(buf.data() + (c - w0), static_cast<size_t>(len));
-        const uint32_t want = info.crc32.at(static_cast<size_t>(c / C));
-        if (got != want) {
-          std::string keys;
-          for (size_t k = i; k < j; ++k) {
-            if (reads[k].off < c + len && reads[k].off + reads[k].bytes > c &&
-                keys.find(*reads[k].key) == std::string::npos)
-              keys += str_cat(keys.empty() ? "" : ", ", "'", *reads[k].key, "'");
-          }
-          throw ValueError(str_cat("checkpoint: ", f.path(), ": data bytes ", c, "..", c + len - 1,
-                                   " (chunk ", c / C, ") fail their CRC-32 check (", got,
-                                   ", the manifest says ", want, "): the file is corrupted where it holds ",
-                                   keys, ". Load an earlier checkpoint."));
-        }
-      }
-    }
-    size_t next = j;
+    plan.push_back({w0, w1, i, j});
+    done = w1;
+    size_t next = j;  // the first read that goes on past this window
     for (size_t k = i; k < j; ++k) {
-      Read& r = reads[k];
-      const int64_t a = std::max(r.off, w0), b = std::min(r.off + r.bytes, w1);
-      if (b > a) std::memcpy(r.dst + (a - r.off), buf.data() + (a - w0), static_cast<size_t>(b - a));
-      if (r.off + r.bytes > w1 && next == j) {
+      if (reads[k].off + reads[k].bytes > w1) {
         next = k;
-        if (r.off < w1) {
-          r.dst += w1 - r.off;
-          r.bytes -= w1 - r.off;
-          r.off = w1;
-        }
+        break;
       }
     }
     i = next;
+  }
+  std::vector<char> buffers[2];
+  auto fetch = [&](size_t w) {
+    std::vector<char>& buf = buffers[w % 2];
+    buf.resize(static_cast<size_t>(plan[w].w1 - plan[w].w0));
+    f.read_at(info.data_offset + plan[w].w0, buf.data(), buf.size());
+  };
+  std::future<void> pending = std::async(std::launch::async, fetch, 0);
+  for (size_t w = 0; w < plan.size(); ++w) {
+    pending.get();
+    if (w + 1 < plan.size()) pending = std::async(std::launch::async, fetch, w + 1);
+    const auto [w0, w1, i, j] = plan[w];
+    const std::vector<char>& buf = buffers[w % 2];
+    for (int64_t c = w0; !info.crc32.empty() && c < w1; c += C) {
+      const int64_t len = std::min(C, data_bytes - c);
+      const uint32_t got = crc32_of(buf.data() + (c - w0), static_cast<size_t>(len));
+      const uint32_t want = info.crc32.at(static_cast<size_t>(c / C));
+      if (got == want) continue;
+      std::string keys;
+      for (size_t k = i; k < j; ++k) {
+        if (reads[k].off < c + len && reads[k].off + reads[k].bytes > c &&
+            keys.find(*reads[k].key) == std::string::npos) {
+          keys += str_cat(keys.empty() ? "" : ", ", "'", *reads[k].key, "'");
+        }
+      }
+      throw ValueError(str_cat("checkpoint: ", f.path(), ": data bytes ", c, "..", c + len - 1, " (chunk ",
+                               c / C, ") fail their CRC-32 check (", got, ", the manifest says ", want,
+                               "): the file is corrupted where it holds ", keys,
+                               ". Load an earlier checkpoint."));
+    }
+    for (size_t k = i; k < j; ++k) {
+      const Read& r = reads[k];
+      const int64_t a = std::max(r.off, w0), b = std::min(r.off + r.bytes, w1);
+      if (b > a && r.dst != nullptr)
+        std::memcpy(r.dst + (a - r.off), buf.data() + (a - w0), static_cast<size_t>(b - a));
+    }
   }
 }
 
@@ -550,9 +567,8 @@ void verify_files(const std::string& step_dir, const Manifest& m) {
           str_cat("checkpoint: ", path, " has ", f.size(), " bytes; the manifest says ", info.bytes, "."));
     }
     check_header(f, info);
-    std::vector<Read> all{{0, info.bytes - info.data_offset, nullptr, &info.name}};
-    std::vector<char> sink(static_cast<size_t>(std::max<int64_t>(0, info.bytes - info.data_offset)));
-    all[0].dst = sink.data();
+    const std::vector<Read> all{
+        {0, info.bytes - info.data_offset, nullptr, &info.name}};  // (checked, not kept)
     if (all[0].bytes > 0) read_file(f, info, all);
     const SafetensorsHeader h = read_header(path);  // the header itself parses and matches
     if (h.data_offset != info.data_offset) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "checkpoint/file_io.h"
@@ -28,8 +29,7 @@ at::Tensor flat(const at::Tensor& t) {
   return t.detach().reshape({-1});
 }
 
-// The optimizer's name and its state tensors of parameter `p` (created, zero, with step count `step`, when
-// absent and `create`); none when it has no state for `p` yet (no step taken).
+// The optimizer's name: those whose state is known here.
 const char* optimizer_type(torch::optim::Optimizer& o) {
   if (dynamic_cast<torch::optim::AdamW*>(&o)) return "AdamW";
   if (dynamic_cast<torch::optim::Adam*>(&o)) return "Adam";
@@ -50,54 +50,37 @@ const Options& options_of(torch::optim::Optimizer& o, const at::Tensor& p) {
   return static_cast<const Options&>(o.param_groups().front().options());
 }
 
-// Adam's or AdamW's state of one tensor, zero, at step count `step`.
-template <typename State, typename Zeros>
-std::unique_ptr<State> new_adam_state(int64_t step, bool amsgrad, const Zeros& zeros) {
-  auto s = std::make_unique<State>();
-  s->step(step);
-  s->exp_avg(zeros());
-  s->exp_avg_sq(zeros());
-  if (amsgrad) s->max_exp_avg_sq(zeros());
-  return s;
-}
-
+// The optimizer's state tensors of `p`, by name; none before its first step.
 std::vector<std::pair<std::string, at::Tensor>> optimizer_state(torch::optim::Optimizer& o,
-                                                                const at::Tensor& p, bool create,
-                                                                int64_t step) {
-  auto& states = o.state();
-  void* key = p.unsafeGetTensorImpl();
-  auto it = states.find(key);
-  const std::string type = optimizer_type(o);
-  if (it == states.end()) {
-    if (!create) return {};
-    auto zeros = [&] { return at::zeros_like(p.detach(), at::MemoryFormat::Contiguous); };
-    if (type == "AdamW") {
-      states[key] = new_adam_state<torch::optim::AdamWParamState>(
-          step, options_of<torch::optim::AdamWOptions>(o, p).amsgrad(), zeros);
-    } else if (type == "Adam") {
-      states[key] = new_adam_state<torch::optim::AdamParamState>(
-          step, options_of<torch::optim::AdamOptions>(o, p).amsgrad(), zeros);
-    } else {
-      if (options_of<torch::optim::SGDOptions>(o, p).momentum() == 0) return {};
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(zeros());
-      states[key] = std::move(s);
-    }
-    it = states.find(key);
-  }
+                                                                const at::Tensor& p) {
+  optimizer_type(o);  // (NotSupportedError for an optimizer whose state is not known here)
+  auto it = o.state().find(p.unsafeGetTensorImpl());
+  if (it == o.state().end()) return {};
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-    if (create) s->step(step);
     out = {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
     if (s->max_exp_avg_sq().defined()) out.emplace_back("max_exp_avg_sq", s->max_exp_avg_sq());
   } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-    if (create) s->step(step);
     out = {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
     if (s->max_exp_avg_sq().defined()) out.emplace_back("max_exp_avg_sq", s->max_exp_avg_sq());
   } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
     if (s->momentum_buffer().defined()) out = {{"momentum_buffer", s->momentum_buffer()}};
   }
   return out;
+}
+
+// The names of the state the optimizer keeps per tensor (what optimizer_state gives once it stepped).
+std::vector<std::string> state_names(torch::optim::Optimizer& o, const at::Tensor& p) {
+  const std::string type = optimizer_type(o);
+  if (type == "SGD") {
+    if (options_of<torch::optim::SGDOptions>(o, p).momentum() == 0) return {};
+    return {"momentum_buffer"};
+  }
+  const bool ams = type == "AdamW" ? options_of<torch::optim::AdamWOptions>(o, p).amsgrad()
+                                   : options_of<torch::optim::AdamOptions>(o, p).amsgrad();
+  std::vector<std::string> names{"exp_avg", "exp_avg_sq"};
+  if (ams) names.push_back("max_exp_avg_sq");
+  return names;
 }
 
 int64_t optimizer_step(torch::optim::Optimizer& o) {
@@ -107,6 +90,36 @@ int64_t optimizer_step(torch::optim::Optimizer& o) {
     if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s.get())) step = std::max(step, a->step());
   }
   return step;
+}
+
+// Replaces the optimizer's state of `p` by `named` tensors (as state_names gives them), at step count `step`.
+void install_state(torch::optim::Optimizer& o, const at::Tensor& p,
+                   const std::map<std::string, at::Tensor>& named, int64_t step) {
+  auto get = [&](const char* name) {
+    auto it = named.find(name);
+    return it == named.end() ? at::Tensor() : it->second;
+  };
+  const std::string type = optimizer_type(o);
+  std::unique_ptr<torch::optim::OptimizerParamState> state;
+  if (type == "AdamW" || type == "Adam") {
+    auto fill = [&](auto s) {
+      s->step(step);
+      s->exp_avg(get("exp_avg"));
+      s->exp_avg_sq(get("exp_avg_sq"));
+      if (get("max_exp_avg_sq").defined()) s->max_exp_avg_sq(get("max_exp_avg_sq"));
+      return s;
+    };
+    if (type == "AdamW") {
+      state = fill(std::make_unique<torch::optim::AdamWParamState>());
+    } else {
+      state = fill(std::make_unique<torch::optim::AdamParamState>());
+    }
+  } else {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(get("momentum_buffer"));
+    state = std::move(s);
+  }
+  o.state()[p.unsafeGetTensorImpl()] = std::move(state);
 }
 
 std::string list(const std::vector<std::string>& names) {
@@ -122,18 +135,27 @@ TrainingState::TrainingState(torch::nn::Module& module, parallel::Parallelized& 
                              optim::MixedPrecision* mp)
     : module_(module), par_(par), mp_(mp) {}
 
-std::vector<Piece> TrainingState::pieces(bool for_load) const {
+std::vector<Piece> TrainingState::pieces(bool for_load, std::vector<Slot>* slots) const {
   std::vector<Piece> out;
   const auto given = par_.given_tensors();
   const auto layout = par_.state_layout();
   const std::vector<at::Tensor> none;
   const auto& masters = mp_ ? mp_->masters() : none;
   torch::optim::Optimizer& opt = par_.optimizer();
-  const int64_t step = optimizer_step(opt);
   auto* tp = const_cast<parallel::Parallelized&>(par_).tensor_parallel();
+  auto slot = [&](Slot::Kind kind, size_t k, int64_t offset, int64_t count, const std::string& state) {
+    if (slots) slots->push_back({kind, k, offset, count, state});
+  };
   for (size_t k = 0; k < layout.size(); ++k) {
     const at::Tensor& stepped = masters.empty() ? given.at(k) : masters.at(k);
-    const auto states = optimizer_state(opt, stepped, /*create=*/false, step);
+    // saving: the state the optimizer holds (none before its first step); loading: what it will hold, made
+    // only once every rank has read everything (commit)
+    std::vector<std::pair<std::string, at::Tensor>> states;
+    if (for_load) {
+      for (const auto& name : state_names(opt, stepped)) states.emplace_back(name, stepped.detach());
+    } else {
+      states = optimizer_state(opt, stepped);
+    }
     for (const auto& s : layout[k]) {
       Region r;
       r.shape = s.sizes;
@@ -149,22 +171,25 @@ std::vector<Piece> TrainingState::pieces(bool for_load) const {
       r.begin = s.param_offset;
       r.count = s.count;
       const std::string placement = par_.placement_of(s.param);
-      auto add = [&](const std::string& key, const at::Tensor& t) {
+      auto add = [&](const std::string& key, const at::Tensor& t, Slot::Kind kind, const std::string& state) {
         out.push_back({key, flat(t).narrow(0, s.offset, s.count), r, placement, false, true});
+        slot(kind, k, s.offset, s.count, state);
       };
-      add("model/" + s.param, given.at(k));
-      if (!masters.empty()) add("master/" + s.param, masters.at(k));
-      for (const auto& [name, t] : states) add("optim/" + name + "/" + s.param, t);
+      add("model/" + s.param, given.at(k), Slot::kModel, "");
+      if (!masters.empty()) add("master/" + s.param, masters.at(k), Slot::kMaster, "");
+      for (const auto& [name, t] : states) add("optim/" + name + "/" + s.param, t, Slot::kOptim, name);
     }
   }
   for (const auto& b : module_.named_buffers()) {
     out.push_back({"buffer/" + b.key(), flat(b.value()), Region::whole(b.value().sizes().vec()),
                    "Replicate (every rank)", for_load, true});
+    slot(Slot::kBuffer, 0, 0, b.value().numel(), "");
   }
   const int rank = par_.world()->group_rank();
   at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   out.push_back(
       {str_cat("rng/cpu/rank", rank), rng, Region::whole({rng.numel()}), "this rank's own", true, false});
+  slot(Slot::kRng, 0, 0, rng.numel(), "");
   return out;
 }
 
@@ -191,18 +216,19 @@ std::string TrainingState::save(const std::string& root, int64_t step, const nlo
                          {"hysteresis_left", s.hysteresis_left},
                          {"skipped", s.skipped}};
   }
-  return checkpoint::save(root, step, pieces(false), par_.world(), so);
+  return checkpoint::save(root, step, pieces(false, nullptr), par_.world(), so);
 }
 
 Resumed TrainingState::load(const std::string& path) {
   Resumed res;
   std::vector<Piece> want;
+  std::vector<Slot> slots;
   std::vector<at::Tensor> loaded;
   Manifest m;
   on_every_rank(par_.world(), "checkpoint load", [&] {
     res.dir = resolve(path);
     m = read_manifest(res.dir);
-    want = pieces(true);
+    want = pieces(true, &slots);
     // the module's parameter names against the checkpoint's, both ways
     std::set<std::string> ours, theirs;
     for (const auto& p : module_.named_parameters()) ours.insert(p.key());
@@ -230,17 +256,6 @@ Resumed TrainingState::load(const std::string& path) {
                                m.meta["optimizer"].value("type", "?"), " but this run uses ", type,
                                ". Use the same optimizer, or import only the weights (an export)."));
     }
-    // the optimizer's state: created for every tensor it steps, then read like the rest
-    if (has_optim) {
-      const int64_t step = m.meta["optimizer"].value("step", int64_t{0});
-      const auto given = par_.given_tensors();
-      const std::vector<at::Tensor> none;
-      const auto& masters = mp_ ? mp_->masters() : none;
-      for (size_t k = 0; k < given.size(); ++k) {
-        optimizer_state(par_.optimizer(), masters.empty() ? given[k] : masters[k], /*create=*/true, step);
-      }
-      want = pieces(true);
-    }
     for (auto& p : want) {
       const std::string name = p.key.substr(p.key.find('/') + 1);
       // another precision's checkpoint: fp32 masters from the parameters, or the parameters from the masters
@@ -253,32 +268,68 @@ Resumed TrainingState::load(const std::string& path) {
     }
     // a rank's random stream means nothing at another world size: not restored there
     if (m.world_size != par_.world()->group_size()) {
-      want.erase(std::remove_if(want.begin(), want.end(),
-                                [](const Piece& p) { return p.key.rfind("rng/", 0) == 0; }),
-                 want.end());
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (slots[i].kind == Slot::kRng) want[i].optional = true, want[i].key += " (another world size)";
+      }
     }
     loaded = read_pieces(res.dir, m, want);
   });
-  commit(want, loaded, m, false);
+  commit(want, slots, loaded, m, false);
   res.step = m.step;
   res.meta = m.meta.value("caller", nlohmann::json::object());
   for (size_t i = 0; i < want.size(); ++i) {
-    if (want[i].key.rfind("rng/", 0) == 0 && loaded[i].defined()) res.rng_restored = true;
+    if (slots[i].kind == Slot::kRng && loaded[i].defined()) res.rng_restored = true;
   }
   return res;
 }
 
-void TrainingState::commit(const std::vector<Piece>& want, const std::vector<at::Tensor>& loaded,
-                           const Manifest& m, bool weights_only) {
+void TrainingState::commit(const std::vector<Piece>& want, const std::vector<Slot>& slots,
+                           const std::vector<at::Tensor>& loaded, const Manifest& m, bool weights_only) {
   at::NoGradGuard no_grad;
+  // the optimizer's state per tensor it steps, from its segments (a tensor held whole takes the loaded one
+  // as it is, without a copy)
+  std::map<std::pair<size_t, std::string>, std::vector<size_t>> states;
   for (size_t i = 0; i < want.size(); ++i) {
     if (!loaded[i].defined()) continue;
-    if (want[i].key.rfind("rng/", 0) == 0) {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(loaded[i]);
-      continue;
+    switch (slots[i].kind) {
+      case Slot::kRng: {
+        at::Generator gen = at::detail::getDefaultCPUGenerator();
+        gen.set_state(loaded[i]);
+        break;
+      }
+      case Slot::kOptim:
+        states[{slots[i].k, slots[i].state}].push_back(i);
+        break;
+      default:
+        want[i].data.copy_(loaded[i]);
     }
-    want[i].data.copy_(loaded[i]);
+  }
+  if (!states.empty()) {
+    torch::optim::Optimizer& opt = par_.optimizer();
+    const int64_t step = m.meta["optimizer"].value("step", int64_t{0});
+    const auto given = par_.given_tensors();
+    const std::vector<at::Tensor> none;
+    const auto& masters = mp_ ? mp_->masters() : none;
+    std::map<size_t, std::map<std::string, at::Tensor>> by_tensor;
+    for (const auto& [where, pieces] : states) {
+      const at::Tensor& stepped = masters.empty() ? given.at(where.first) : masters.at(where.first);
+      at::Tensor whole;
+      const at::Tensor& first = loaded[pieces.front()];
+      if (pieces.size() == 1 && first.numel() == stepped.numel() &&
+          first.scalar_type() == stepped.scalar_type()) {
+        whole = first.view(stepped.sizes());
+      } else {
+        int64_t covered = 0;
+        for (size_t i : pieces) covered += slots[i].count;
+        whole = covered == stepped.numel() ? at::empty_like(stepped.detach(), at::MemoryFormat::Contiguous)
+                                           : at::zeros_like(stepped.detach(), at::MemoryFormat::Contiguous);
+        for (size_t i : pieces) whole.view({-1}).narrow(0, slots[i].offset, slots[i].count).copy_(loaded[i]);
+      }
+      by_tensor[where.first][where.second] = whole;
+    }
+    for (const auto& [k, named] : by_tensor) {
+      install_state(opt, masters.empty() ? given.at(k) : masters.at(k), named, step);
+    }
   }
   if (!weights_only) {
     if (m.meta.contains("optimizer") && m.meta["optimizer"].contains("lr")) {
@@ -304,6 +355,7 @@ void TrainingState::commit(const std::vector<Piece>& want, const std::vector<at:
 
 void TrainingState::import_weights(const std::string& path) {
   std::vector<Piece> want;
+  std::vector<Slot> slots;
   std::vector<at::Tensor> loaded;
   Manifest m;
   on_every_rank(par_.world(), "checkpoint import", [&] {
@@ -323,17 +375,21 @@ void TrainingState::import_weights(const std::string& path) {
                   extra.empty() ? "" : str_cat("it holds ", list(extra), ", which the model lacks"),
                   ". Import a file saved from a model of the same configuration."));
     }
-    for (auto& p : pieces(true)) {
+    std::vector<Slot> all;
+    const auto every = pieces(true, &all);
+    for (size_t i = 0; i < every.size(); ++i) {
+      Piece p = every[i];
       const std::string name = p.key.substr(p.key.find('/') + 1);
-      if (p.key.rfind("model/", 0) == 0 || p.key.rfind("master/", 0) == 0) {
+      if (all[i].kind == Slot::kModel || all[i].kind == Slot::kMaster) {
         p.key = "model/" + name;
         want.push_back(p);
+        slots.push_back(all[i]);
       }
     }
     const std::string dir = std::filesystem::path(path).parent_path().string();
     loaded = read_pieces(dir.empty() ? "." : dir, m, want);
   });
-  commit(want, loaded, m, true);
+  commit(want, slots, loaded, m, true);
 }
 
 int64_t export_safetensors(const std::string& step_dir, const std::string& out, bool master_weights) {

@@ -49,9 +49,20 @@ class TrainingState {
   void import_weights(const std::string& path);
 
  private:
-  std::vector<Piece> pieces(bool for_load) const;
-  void commit(const std::vector<Piece>& pieces, const std::vector<at::Tensor>& loaded, const Manifest& m,
-              bool weights_only);
+  // Where each piece's elements live in this run: which given tensor (parallel::Parallelized::given_tensors)
+  // and which elements of it, or a buffer or the random state.
+  struct Slot {
+    enum Kind { kModel, kMaster, kOptim, kBuffer, kRng } kind;
+    size_t k = 0;
+    int64_t offset = 0, count = 0;
+    std::string state;  // kOptim: the optimizer's name for it (exp_avg, ...)
+  };
+  // The pieces this rank holds (saving) or will hold (loading: the optimizer's state as it will be once
+  // made, in commit), with their slots when `slots` is given.
+  std::vector<Piece> pieces(bool for_load, std::vector<Slot>* slots) const;
+  // Every rank read everything: the loaded values go in, the optimizer's state is made from them.
+  void commit(const std::vector<Piece>& pieces, const std::vector<Slot>& slots,
+              const std::vector<at::Tensor>& loaded, const Manifest& m, bool weights_only);
 
   torch::nn::Module& module_;
   parallel::Parallelized& par_;

@@ -9,13 +9,17 @@
 #include <map>
 #include <random>
 
+#include <torch/optim/adamw.h>
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/region.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/training_state.h"
 #include "comm/factory.h"
 #include "core/error.h"
+#include "models/gpt.h"
+#include "parallel/parallelize.h"
 
 using namespace dtrain;
 using namespace dtrain::checkpoint;
@@ -386,6 +390,30 @@ TEST(Checkpoint, DamagedFilesAreRejectedNamingTheFile) {
   fs::remove_all(root);
 }
 
+// More data than one read window (32 MiB) in many small tensors and a few large ones: every element comes
+// back, whole and resharded.
+TEST(Checkpoint, ManyTensorsAcrossReadWindowsComeBackExactly) {
+  const std::string root = temp_dir("windows");
+  auto world = one_rank();
+  std::vector<Piece> saved, wanted;
+  for (int i = 0; i < 1500; ++i) {  // 1500 x 12000 floats (72 MB), and 3 x 6 MB between them
+    const int64_t n = i % 500 == 7 ? 1500000 : 12000;
+    const at::Tensor t = at::arange(n, at::kFloat) + static_cast<double>(i) * 1e4;
+    saved.push_back({str_cat("model/t", i), t, Region::whole({n}), ""});
+    Region half = Region::whole({n});
+    half.begin = n / 3;
+    half.count = n / 2;
+    wanted.push_back({str_cat("model/t", i), t, i % 2 ? Region::whole({n}) : half, ""});
+  }
+  const std::string dir = save(root, 1, saved, world, {});
+  const auto got = load(dir, wanted, world);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const at::Tensor expect = saved[i].data.narrow(0, wanted[i].region.begin, wanted[i].region.count);
+    ASSERT_TRUE(at::equal(got[i], expect)) << wanted[i].key;
+  }
+  fs::remove_all(root);
+}
+
 TEST(Checkpoint, LatestMovesLastAndKeepPrunesTheOldest) {
   const std::string root = temp_dir("keep");
   auto world = one_rank();
@@ -404,5 +432,56 @@ TEST(Checkpoint, LatestMovesLastAndKeepPrunesTheOldest) {
   EXPECT_TRUE(at::equal(got[0], v * 0));
   for (const auto& e : fs::directory_iterator(root))
     EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// A load that fails (a flipped byte) changes nothing: the parameters and the optimizer's state are those
+// before it, and an optimizer that had no state still has none.
+TEST(TrainingState, AFailedLoadChangesNothing) {
+  auto world = one_rank();
+  const parallel::OptimizerFactory adamw =
+      [](std::vector<at::Tensor> t) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::AdamW>(t, torch::optim::AdamWOptions(1e-2));
+  };
+  models::GPTConfig cfg{64, 8, 1, 2, 16};
+  models::GPT gpt(cfg);
+  auto par = parallel::parallelize(*gpt, world, parallel::ParallelConfig{}, adamw);
+  TrainingState state(*gpt, *par, nullptr);
+  const at::Tensor x = at::arange(18, at::kLong).reshape({2, 9}) % 64;
+  auto step = [&] {
+    par->zero_grad();
+    gpt->loss(x.narrow(1, 0, 8).contiguous(), x.narrow(1, 1, 8).contiguous()).backward();
+    par->step();
+  };
+  step();
+  const std::string root = temp_dir("failed");
+  const std::string dir = state.save(root, 1);
+  step();  // the run goes on: its state is no longer the checkpoint's
+  auto snapshot = [&] {
+    std::vector<at::Tensor> out;
+    for (const auto& p : gpt->parameters()) out.push_back(p.detach().clone());
+    for (const auto& [key, s] : par->optimizer().state()) {
+      auto& a = static_cast<torch::optim::AdamWParamState&>(*s);
+      out.push_back(a.exp_avg().clone());
+      out.push_back(at::full({1}, a.step(), at::kLong));
+    }
+    return out;
+  };
+  const auto before = snapshot();
+  {
+    std::fstream f(dir + "/rank-00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_THROW(state.load(root), ValueError);
+  const auto after = snapshot();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << i;
+  // a fresh run: no optimizer state before, none after
+  models::GPT fresh(cfg);
+  auto par2 = parallel::parallelize(*fresh, world, parallel::ParallelConfig{}, adamw);
+  TrainingState state2(*fresh, *par2, nullptr);
+  EXPECT_THROW(state2.load(root), ValueError);
+  EXPECT_EQ(par2->optimizer().state().size(), 0u);
   fs::remove_all(root);
 }

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Issue 13's checkpoint bandwidth: dtrain's save and load of a GPT's whole training state (parameters and AdamW
+# state, about 300 MB) at 1 and 2 ranks, beside this machine's sequential disk write and read speed measured in
+# the same run with dd (write: conv=fdatasync; read: the file dropped from the page cache first), and PyTorch's
+# torch.distributed.checkpoint (DDP's state dict and AdamW's) on the same model. Every read is timed with the
+# files dropped from the page cache (drop_caches where writable, else posix_fadvise DONTNEED per file).
+# Prints the markdown table for bench/RESULTS.md. Build first.
+#   bash bench/run_ckpt.sh [OUT_DIR]        (ROUNDS=2 by default; the checkpoints go to OUT_DIR, on the disk measured)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/build/apps/dtrain:$PATH
+export OMP_NUM_THREADS=1
+out=${1:-bench/out/ckpt}
+rounds=${ROUNDS:-2}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+size="--layers 8 --width 512 --heads 8 --seq 64 --batch 4"
+evict() {  # drop files (or folders' files) from the page cache
+  sync
+  if { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null; then return; fi
+  find "$@" -type f -print0 | xargs -0 .venv/bin/python -c \
+    'import os, sys
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)'
+}
+seconds() {  # the first number after $2 in file $1
+  grep -o "$2[^0-9]*[0-9.]*" "$1" | head -1 | grep -o '[0-9.]*$'
+}
+: > "$out/results.txt"
+for r in $(seq "$rounds"); do
+  for n in 1 2; do
+    d="$out/dtrain-$n"
+    rm -rf "$d" "$out/dcp-$n"
+    # shellcheck disable=SC2086
+    dtrain run -n "$n" -- dtrain train $size --steps 1 --save "$d" > "$out/save-$n-$r.log" 2>&1
+    bytes=$(du -sb "$d/step-00000001" | cut -f1)
+    evict "$d"
+    # shellcheck disable=SC2086
+    dtrain run -n "$n" -- dtrain train $size --steps 1 --resume "$d" > "$out/load-$n-$r.log" 2>&1
+    save_s=$(seconds "$out/save-$n-$r.log" "saved to [^ ]* in")
+    load_s=$(seconds "$out/load-$n-$r.log" "in")
+    load_s=$(grep -o "resumed from [^ ]* (step 1) in [0-9.]*" "$out/load-$n-$r.log" | grep -o '[0-9.]*$')
+    # shellcheck disable=SC2086
+    dtrain run -n "$n" -- .venv/bin/python bench/gpt_ddp.py $size --steps 1 --dcp-save "$out/dcp-$n" \
+      > "$out/dcp-save-$n-$r.log" 2>&1
+    dcp_bytes=$(du -sb "$out/dcp-$n" | cut -f1)
+    evict "$out/dcp-$n"
+    # shellcheck disable=SC2086
+    dtrain run -n "$n" -- .venv/bin/python bench/gpt_ddp.py $size --steps 1 --dcp-load "$out/dcp-$n" \
+      > "$out/dcp-load-$n-$r.log" 2>&1
+    dcp_save_s=$(grep -o "dcp_save_s [0-9.]*" "$out/dcp-save-$n-$r.log" | cut -d' ' -f2)
+    dcp_load_s=$(grep -o "dcp_load_s [0-9.]*" "$out/dcp-load-$n-$r.log" | cut -d' ' -f2)
+    # the disk, with a file of the checkpoint's size
+    mb=$((bytes / 1048576 + 1))
+    ddw=$( { dd if=/dev/zero of="$out/dd.bin" bs=1M count="$mb" conv=fdatasync 2>&1 >/dev/null; } | tail -1)
+    evict "$out/dd.bin"
+    ddr=$( { dd if="$out/dd.bin" of=/dev/null bs=1M 2>&1 >/dev/null; } | tail -1)
+    rm -f "$out/dd.bin"
+    echo "$r $n $bytes $save_s $load_s $dcp_bytes $dcp_save_s $dcp_load_s | $ddw | $ddr" >> "$out/results.txt"
+  done
+done
+cat "$out/results.txt"
+.venv/bin/python - "$out/results.txt" <<'PY'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    head, ddw, ddr = line.split("|")
+    r, n, b, s, l, db, ds, dl = head.split()
+    def dd_seconds(text):
+        return float(re.search(r"copied, ([0-9.]+) s", text).group(1)), int(text.split()[0])
+    ws, wb = dd_seconds(ddw)
+    rs, rb = dd_seconds(ddr)
+    rows.setdefault(int(n), []).append(dict(bytes=int(b), save=float(s), load=float(l), dcp_bytes=int(db),
+                                            dcp_save=float(ds), dcp_load=float(dl), ddw=wb / ws, ddr=rb / rs))
+mb = 1e6
+print("| ranks | state (MB) | dd write (MB/s) | dtrain save (MB/s) | save / dd | PyTorch DCP save (MB/s) | "
+      "dd read (MB/s) | dtrain load (MB/s) | load / dd | PyTorch DCP load (MB/s) |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for n, rs in sorted(rows.items()):
+    med = lambda k: statistics.median(x[k] for x in rs)
+    save = statistics.median(x["bytes"] / x["save"] for x in rs) / mb
+    load = statistics.median(x["bytes"] / x["load"] for x in rs) / mb
+    dsave = statistics.median(x["dcp_bytes"] / x["dcp_save"] for x in rs) / mb
+    dload = statistics.median(x["dcp_bytes"] / x["dcp_load"] for x in rs) / mb
+    print(f"| {n} | {med('bytes') / mb:.0f} | {med('ddw') / mb:.0f} | {save:.0f} | {save / (med('ddw') / mb):.2f} | "
+          f"{dsave:.0f} | {med('ddr') / mb:.0f} | {load:.0f} | {load / (med('ddr') / mb):.2f} | {dload:.0f} |")
+PY
