@@ -73,15 +73,26 @@ for line in open(sys.argv[1]):
     rows.setdefault(int(n), []).append(dict(bytes=int(b), save=float(s), load=float(l), dcp_bytes=int(db),
                                             dcp_save=float(ds), dcp_load=float(dl), ddw=wb / ws, ddr=rb / rs))
 mb = 1e6
-print("| ranks | state (MB) | dd write (MB/s) | dtrain save (MB/s) | save / dd | PyTorch DCP save (MB/s) | "
-      "dd read (MB/s) | dtrain load (MB/s) | load / dd | PyTorch DCP load (MB/s) |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+# Per rank: a save writes its 1/N of the state (replicas split the writing); a load under dp reads the whole
+# state on every rank (each holds all of it). Aggregate: the bytes all ranks moved over the wall time, against
+# the one dd stream.
+print("| ranks | state (MB) | save: MB per rank | save (s) | per rank (MB/s) | all ranks (MB/s) | dd write (MB/s) | "
+      "all / dd | PyTorch DCP save (s) |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n, rs in sorted(rows.items()):
     med = lambda k: statistics.median(x[k] for x in rs)
-    save = statistics.median(x["bytes"] / x["save"] for x in rs) / mb
-    load = statistics.median(x["bytes"] / x["load"] for x in rs) / mb
-    dsave = statistics.median(x["dcp_bytes"] / x["dcp_save"] for x in rs) / mb
-    dload = statistics.median(x["dcp_bytes"] / x["dcp_load"] for x in rs) / mb
-    print(f"| {n} | {med('bytes') / mb:.0f} | {med('ddw') / mb:.0f} | {save:.0f} | {save / (med('ddw') / mb):.2f} | "
-          f"{dsave:.0f} | {med('ddr') / mb:.0f} | {load:.0f} | {load / (med('ddr') / mb):.2f} | {dload:.0f} |")
+    per = med("bytes") / n / mb
+    print(f"| {n} | {med('bytes') / mb:.0f} | {per:.0f} | {med('save'):.2f} | {per / med('save'):.0f} | "
+          f"{per * n / med('save'):.0f} | {med('ddw') / mb:.0f} | {per * n / med('save') / (med('ddw') / mb):.2f} | "
+          f"{med('dcp_save'):.2f} |")
+print()
+print("| ranks | state (MB) | load: MB per rank | load (s) | per rank (MB/s) | all ranks (MB/s) | dd read (MB/s) | "
+      "all / dd | PyTorch DCP load (s) |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for n, rs in sorted(rows.items()):
+    med = lambda k: statistics.median(x[k] for x in rs)
+    per = med("bytes") / mb
+    print(f"| {n} | {med('bytes') / mb:.0f} | {per:.0f} | {med('load'):.2f} | {per / med('load'):.0f} | "
+          f"{per * n / med('load'):.0f} | {med('ddr') / mb:.0f} | {per * n / med('load') / (med('ddr') / mb):.2f} | "
+          f"{med('dcp_load'):.2f} |")
 PY
