@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13's checkpoint bandwidth: dtrain's save and load of a GPT's whole training state (parameters and AdamW
 # state, about 300 MB) at 1 and 2 ranks, beside this machine's sequential disk write and read speed measured in
-# the same run with dd (write: conv=fdatasync; read: the file dropped from the page cache first), and PyTorch's
-# torch.distributed.checkpoint (DDP's state dict and AdamW's) on the same model. Every read is timed with the
+# the same run with dd (write: conv=fdatasync, a file of the checkpoint's size; read: the checkpoint's own files,
+# dropped from the page cache first), and PyTorch's torch.distributed.checkpoint (DDP's state dict and AdamW's) on the same model. Every read is timed with the
 # files dropped from the page cache (drop_caches where writable, else posix_fadvise DONTNEED per file).
 # Prints the markdown table for bench/RESULTS.md. Build first.
 #   bash bench/run_ckpt.sh [OUT_DIR]        (ROUNDS=2 by default; the checkpoints go to OUT_DIR, on the disk measured)
@@ -53,9 +53,14 @@ for r in $(seq "$rounds"); do
     # the disk, with a file of the checkpoint's size
     mb=$((bytes / 1048576 + 1))
     ddw=$( { dd if=/dev/zero of="$out/dd.bin" bs=1M count="$mb" conv=fdatasync 2>&1 >/dev/null; } | tail -1)
-    evict "$out/dd.bin"
-    ddr=$( { dd if="$out/dd.bin" of=/dev/null bs=1M 2>&1 >/dev/null; } | tail -1)
     rm -f "$out/dd.bin"
+    # the read: dd over the checkpoint's own files (the same bytes at the same place on the disk), one after
+    # the other, the cache dropped first
+    evict "$d"
+    t0=$(date +%s.%N)
+    for f in "$d"/step-00000001/rank-*.safetensors; do dd if="$f" of=/dev/null bs=1M 2>/dev/null; done
+    t1=$(date +%s.%N)
+    ddr="$(cat "$d"/step-00000001/rank-*.safetensors | wc -c) bytes copied, $(awk "BEGIN {print $t1 - $t0}") s"
     echo "$r $n $bytes $save_s $load_s $dcp_bytes $dcp_save_s $dcp_load_s | $ddw | $ddr" >> "$out/results.txt"
   done
 done
