@@ -16,6 +16,17 @@ int available_cores() {
   return 1;
 }
 
+// The count for the thread variables the user left unset: the first one the user set, so that OpenMP and the
+// BLAS agree (DESIGN §8; MKL's own count decides a matrix product's rounding, which the deterministic mode
+// needs the same at every world size), else cores / ranks.
+std::string thread_default(const EnvMap& parent_env, int cores, int ranks) {
+  for (const char* name : kThreadVars) {
+    auto it = parent_env.find(name);
+    if (it != parent_env.end()) return it->second;
+  }
+  return std::to_string(threads_per_rank(cores, ranks));
+}
+
 EnvList rank_env(const LaunchOptions& o, int local_rank, int restart_count, int master_port, int cores,
                  const EnvMap& parent_env) {
   EnvList env = {
@@ -29,7 +40,7 @@ EnvList rank_env(const LaunchOptions& o, int local_rank, int restart_count, int 
       {"DTRAIN_BACKEND", o.backend},
       {"DTRAIN_RESTART_COUNT", std::to_string(restart_count)},
   };
-  const std::string threads = std::to_string(threads_per_rank(cores, o.nproc));
+  const std::string threads = thread_default(parent_env, cores, o.nproc);
   for (const char* name : kThreadVars) {
     if (!parent_env.count(name)) env.emplace_back(name, threads);
   }
@@ -57,7 +68,7 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, int cores, bool 
   cmd.push_back("DTRAIN_RESTART_COUNT");
   cmd.push_back("-x");
   cmd.push_back("DTRAIN_LAUNCHER_PID");
-  const std::string threads = std::to_string(threads_per_rank(cores, n));
+  const std::string threads = thread_default(parent_env, cores, n);
   for (const char* name : kThreadVars) export_var(name, threads);
   export_var("OMP_WAIT_POLICY", "PASSIVE");
   cmd.insert(cmd.end(), o.command.begin(), o.command.end());

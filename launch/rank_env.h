@@ -25,9 +25,10 @@ int available_cores();
 // Environment added to the launcher's own for one rank: RANK = node_rank * nproc + local_rank, WORLD_SIZE =
 // nnodes * nproc, LOCAL_RANK, LOCAL_WORLD_SIZE = nproc, GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT (the
 // given port, which may differ from opts.master_port when the launcher picked one), DTRAIN_BACKEND,
-// DTRAIN_RESTART_COUNT, and OMP_NUM_THREADS / MKL_NUM_THREADS / OPENBLAS_NUM_THREADS =
-// threads_per_rank(cores, nproc) and OMP_WAIT_POLICY=PASSIVE, each of these four only when `parent_env` (the
-// launcher's environment) does not set it. The launcher adds DTRAIN_LAUNCHER_PID (ranks that call
+// DTRAIN_RESTART_COUNT, and OMP_NUM_THREADS / MKL_NUM_THREADS / OPENBLAS_NUM_THREADS and
+// OMP_WAIT_POLICY=PASSIVE, each of these four only when `parent_env` (the launcher's environment) does not
+// set it. A thread variable left unset takes the value of the first one the user set (OpenMP and the BLAS
+// agree), else threads_per_rank(cores, nproc). The launcher adds DTRAIN_LAUNCHER_PID (ranks that call
 // dtrain::init() exit when that process does) and DTRAIN_JOB_SECRET (comm/job_store.h) itself.
 EnvList rank_env(const LaunchOptions& opts, int local_rank, int restart_count, int master_port, int cores,
                  const EnvMap& parent_env = {});

@@ -132,8 +132,14 @@ TEST(RankEnv, ThreadsAtLeastOneAndUserSettingsWin) {
   std::map<std::string, std::string> env(list.begin(), list.end());
   EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u);
   EXPECT_EQ(env.count("OMP_WAIT_POLICY"), 0u);
+  // the BLAS follow the user's OpenMP count (a different MKL count changes a matrix product's rounding)
+  EXPECT_EQ(env["MKL_NUM_THREADS"], "7");
+  EXPECT_EQ(env["OPENBLAS_NUM_THREADS"], "7");
+  // none set: cores / ranks, at least 1
+  list = rank_env(o, 0, 0, 1234, 2, {});
+  env = std::map<std::string, std::string>(list.begin(), list.end());
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
   EXPECT_EQ(env["MKL_NUM_THREADS"], "1");
-  EXPECT_EQ(env["OPENBLAS_NUM_THREADS"], "1");
 }
 
 TEST(MpirunCommand, OversubscribedAsRoot) {
@@ -158,11 +164,11 @@ TEST(MpirunCommand, OversubscribedAsRoot) {
                                    "-x",
                                    "DTRAIN_LAUNCHER_PID",
                                    "-x",
-                                   "OMP_NUM_THREADS=1",
+                                   "OMP_NUM_THREADS=3",
                                    "-x",
                                    "MKL_NUM_THREADS",
                                    "-x",
-                                   "OPENBLAS_NUM_THREADS=1",
+                                   "OPENBLAS_NUM_THREADS=3",
                                    "-x",
                                    "OMP_WAIT_POLICY=PASSIVE",
                                    DTRAIN_FAKE_RANK,
