@@ -74,10 +74,6 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-nlohmann::json region_json(const Region& r) {
-  return {{"box_offset", r.box_offset}, {"box_sizes", r.box_sizes}, {"begin", r.begin}, {"count", r.count}};
-}
-
 Region region_from(const nlohmann::json& j, const std::vector<int64_t>& shape) {
   Region r;
   r.shape = shape;

@@ -13,11 +13,11 @@ namespace {
 
 constexpr const char* kFormat = "dtrain-checkpoint";
 
+}  // namespace
+
 nlohmann::json region_json(const Region& r) {
   return {{"box_offset", r.box_offset}, {"box_sizes", r.box_sizes}, {"begin", r.begin}, {"count", r.count}};
 }
-
-}  // namespace
 
 std::string Manifest::to_json() const {
   nlohmann::ordered_json j;

@@ -14,6 +14,10 @@
 
 namespace dtrain::checkpoint {
 
+// A region's box and range as the manifest writes them ({box_offset, box_sizes, begin, count}; the shape is
+// the tensor's).
+nlohmann::json region_json(const Region& r);
+
 struct BlockRef {
   int64_t file = 0;    // index into Manifest::files
   int64_t offset = 0;  // bytes into the file's data (after its safetensors header)

@@ -15,8 +15,6 @@ std::string dims_to_string(const std::vector<int64_t>& v) {
 
 namespace {
 
-std::string dims(const std::vector<int64_t>& v) { return dims_to_string(v); }
-
 int64_t product(const std::vector<int64_t>& v, size_t from = 0) {
   int64_t p = 1;
   for (size_t i = from; i < v.size(); ++i) p *= v[i];
@@ -39,23 +37,25 @@ int64_t Region::box_numel() const { return product(box_sizes); }
 void Region::validate(const std::string& what) const {
   if (box_offset.size() != shape.size() || box_sizes.size() != shape.size()) {
     throw ValueError(str_cat(what, ": the box has ", box_offset.size(), " offsets and ", box_sizes.size(),
-                             " sizes for a ", shape.size(), "-d tensor of shape ", dims(shape), "."));
+                             " sizes for a ", shape.size(), "-d tensor of shape ", dims_to_string(shape),
+                             "."));
   }
   constexpr int64_t kMax = int64_t{1} << 48;  // elements: far beyond any tensor, far from overflow
   int64_t numel = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0 || shape[i] > kMax || box_offset[i] < 0 || box_sizes[i] < 0 ||
         box_offset[i] > shape[i] - box_sizes[i]) {
-      throw ValueError(str_cat(what, ": the box at ", dims(box_offset), " of sizes ", dims(box_sizes),
-                               " leaves the tensor's shape ", dims(shape), " on dim ", i, "."));
+      throw ValueError(str_cat(what, ": the box at ", dims_to_string(box_offset), " of sizes ",
+                               dims_to_string(box_sizes), " leaves the tensor's shape ",
+                               dims_to_string(shape), " on dim ", i, "."));
     }
     numel = shape[i] == 0 ? 0 : std::min(kMax + 1, numel * shape[i]);
   }
   if (numel > kMax)
-    throw ValueError(str_cat(what, ": the shape ", dims(shape), " has more than 2^48 elements."));
+    throw ValueError(str_cat(what, ": the shape ", dims_to_string(shape), " has more than 2^48 elements."));
   if (begin < 0 || count < 0 || begin > box_numel() - count) {
     throw ValueError(str_cat(what, ": elements ", begin, "..", begin + count, " leave the box of ",
-                             box_numel(), " elements (sizes ", dims(box_sizes), ")."));
+                             box_numel(), " elements (sizes ", dims_to_string(box_sizes), ")."));
   }
 }
 
@@ -68,7 +68,7 @@ std::string Region::to_string() const {
     s +=
         str_cat(s.empty() ? "" : ", ", "dim ", i, " ", box_offset[i], "..", box_offset[i] + box_sizes[i] - 1);
   }
-  s = whole_box ? str_cat("all of ", dims(shape)) : str_cat(s, " of ", dims(shape));
+  s = whole_box ? str_cat("all of ", dims_to_string(shape)) : str_cat(s, " of ", dims_to_string(shape));
   if (begin != 0 || count != box_numel()) s += str_cat(", elements ", begin, "..", begin + count - 1);
   return s;
 }
