@@ -2,9 +2,11 @@
 #include "checkpoint/file_io.h"
 
 #include <fcntl.h>
+#include <libdeflate.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -40,23 +42,52 @@ void File::write(const void* data, size_t bytes) {
     if (n <= 0) fail("write", path_);
     p += n;
     bytes -= static_cast<size_t>(n);
+    written_ += n;
   }
 }
 
+void File::start_writeback() {
+  if (written_ > kicked_) ::sync_file_range(fd_, kicked_, written_ - kicked_, SYNC_FILE_RANGE_WRITE);
+  kicked_ = written_;
+}
+
 void File::read_at(int64_t offset, void* data, size_t bytes) {
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::pread(fd_, p, std::min<size_t>(bytes, size_t{1} << 30), offset);
+  read_scattered(offset, {{static_cast<char*>(data), bytes}});
+}
+
+void File::read_scattered(int64_t offset, std::vector<Piece> pieces) {
+  size_t first = 0;  // pieces before it are read
+  std::vector<iovec> iov;
+  while (first < pieces.size()) {
+    if (pieces[first].bytes == 0) {
+      ++first;
+      continue;
+    }
+    iov.clear();
+    size_t want = 0;
+    for (size_t k = first; k < pieces.size() && iov.size() < IOV_MAX && want < (size_t{1} << 30); ++k) {
+      iov.push_back({pieces[k].data, pieces[k].bytes});
+      want += pieces[k].bytes;
+    }
+    const ssize_t n = ::preadv(fd_, iov.data(), static_cast<int>(iov.size()), offset);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail("read", path_);
     if (n == 0) {
-      throw ValueError(str_cat("checkpoint: ", path_, " ends at byte ", offset, ", ", bytes,
+      size_t short_by = 0;
+      for (size_t k = first; k < pieces.size(); ++k) short_by += pieces[k].bytes;
+      throw ValueError(str_cat("checkpoint: ", path_, " ends at byte ", offset, ", ", short_by,
                                " bytes short of what its header or the manifest says it holds: the file is "
                                "truncated. Load an earlier checkpoint, or save this one again."));
     }
-    p += n;
     offset += n;
-    bytes -= static_cast<size_t>(n);
+    for (size_t left = static_cast<size_t>(n);
+         left > 0;) {  // past what was read; a piece read in part shrinks
+      const size_t take = std::min(left, pieces[first].bytes);
+      pieces[first].data += take;
+      pieces[first].bytes -= take;
+      left -= take;
+      if (pieces[first].bytes == 0) ++first;
+    }
   }
 }
 
@@ -78,23 +109,17 @@ void File::close() {
   fd_ = -1;
 }
 
-uint32_t crc32_of(const void* data, size_t bytes) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  const Bytef* p = static_cast<const Bytef*>(data);
-  while (bytes > 0) {
-    const uInt n = static_cast<uInt>(std::min<size_t>(bytes, size_t{1} << 30));
-    crc = ::crc32(crc, p, n);
-    p += n;
-    bytes -= n;
-  }
-  return static_cast<uint32_t>(crc);
+uint32_t crc32_of(const void* data, size_t bytes) { return ::libdeflate_crc32(0, data, bytes); }
+
+uint32_t crc32_extend(uint32_t crc, const void* data, size_t bytes) {
+  return ::libdeflate_crc32(crc, data, bytes);
 }
 
 void ChunkChecksums::add(const void* data, size_t bytes) {
-  const Bytef* p = static_cast<const Bytef*>(data);
+  const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const size_t n = std::min<size_t>(bytes, static_cast<size_t>(kChunkBytes - in_chunk_));
-    crc_ = static_cast<uint32_t>(::crc32(crc_, p, static_cast<uInt>(n)));
+    crc_ = ::libdeflate_crc32(crc_, p, n);
     p += n;
     bytes -= n;
     in_chunk_ += static_cast<int64_t>(n);

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Installs what dtrain needs on a fresh Debian 12 machine, and nothing else: Debian packages (compiler tools, OpenMPI,
 # Gloo headers, GoogleTest, CLI11, nlohmann-json, toml++, OpenSSL (HMAC for the job secret), ccache, the fortunes
-# corpus, zlib for checksums) and a project-local virtual environment .venv with libtorch 2.13 (the CPU wheel) and
+# corpus, libdeflate for checksums) and a project-local virtual environment .venv with libtorch 2.13 (the CPU wheel) and
 # Python's safetensors (the export round trip). Idempotent: a second run
 # only checks, in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache pkg-config python3-venv openmpi-bin libopenmpi-dev libgloo-dev
-  libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev zlib1g-dev fortunes fortunes-min
+  libgtest-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libdeflate-dev fortunes fortunes-min
   clang-format)
 missing=()
 for p in "${packages[@]}"; do

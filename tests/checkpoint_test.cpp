@@ -392,9 +392,21 @@ TEST(Checkpoint, DamagedFilesAreRejectedNamingTheFile) {
 
 // More data than one read window (32 MiB) in many small tensors and a few large ones: every element comes
 // back, whole and resharded.
-TEST(Checkpoint, ManyTensorsAcrossReadWindowsComeBackExactly) {
-  const std::string root = temp_dir("windows");
+// Saves `saved` under `root` at one rank, loads `wanted` (regions of the same keys) and compares each with
+// the saved tensor's part.
+void expect_round_trip(const std::string& root, const std::vector<Piece>& saved,
+                       const std::vector<Piece>& wanted) {
   auto world = one_rank();
+  const std::string dir = save(root, 1, saved, world, {});
+  const auto got = load(dir, wanted, world);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const at::Tensor expect = saved[i].data.narrow(0, wanted[i].region.begin, wanted[i].region.count);
+    ASSERT_TRUE(at::equal(got[i], expect)) << wanted[i].key;
+  }
+  fs::remove_all(root);
+}
+
+TEST(Checkpoint, ManyTensorsAcrossReadWindowsComeBackExactly) {
   std::vector<Piece> saved, wanted;
   for (int i = 0; i < 1500; ++i) {  // 1500 x 12000 floats (72 MB), and 3 x 6 MB between them
     const int64_t n = i % 500 == 7 ? 1500000 : 12000;
@@ -405,12 +417,68 @@ TEST(Checkpoint, ManyTensorsAcrossReadWindowsComeBackExactly) {
     half.count = n / 2;
     wanted.push_back({str_cat("model/t", i), t, i % 2 ? Region::whole({n}) : half, ""});
   }
-  const std::string dir = save(root, 1, saved, world, {});
-  const auto got = load(dir, wanted, world);
-  for (size_t i = 0; i < saved.size(); ++i) {
-    const at::Tensor expect = saved[i].data.narrow(0, wanted[i].region.begin, wanted[i].region.count);
-    ASSERT_TRUE(at::equal(got[i], expect)) << wanted[i].key;
+  expect_round_trip(temp_dir("windows"), saved, wanted);
+}
+
+// Tiny tensors put thousands of destinations (and the gaps between the halves wanted) in one read window:
+// more than one scattered read (IOV_MAX) takes, so the window is read in several.
+TEST(Checkpoint, ThousandsOfTinyTensorsInOneWindowComeBackExactly) {
+  std::vector<Piece> saved, wanted;
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t n = 5 + i % 13;
+    const at::Tensor t = at::arange(n, at::kFloat) + static_cast<double>(i) * 100;
+    saved.push_back({str_cat("model/t", i), t, Region::whole({n}), ""});
+    Region part = Region::whole({n});
+    part.begin = i % 3;
+    part.count = n - 2 * (i % 3);
+    wanted.push_back({str_cat("model/t", i), t, part, ""});
   }
+  expect_round_trip(temp_dir("tiny"), saved, wanted);
+}
+
+TEST(FileIo, ScatteredReadsMatchOneReadAndCrcsExtend) {
+  const std::string root = temp_dir("scatter");
+  const std::string path = root + "/f";
+  std::string bytes(300000, '\0');
+  std::mt19937 gen(7);
+  for (auto& c : bytes) c = static_cast<char>(gen());
+  {
+    File f(path, File::Mode::kCreate);
+    f.write(bytes.data(), bytes.size());
+    f.close();
+  }
+  File f(path, File::Mode::kRead);
+  std::string whole(bytes.size() - 10, '\0');
+  f.read_at(10, whole.data(), whole.size());
+  EXPECT_EQ(whole, bytes.substr(10));
+  // 3000 pieces (more than IOV_MAX), some empty, of uneven sizes, from byte 10 on
+  std::string scattered(whole.size(), '\0');
+  std::vector<File::Piece> pieces;
+  size_t at = 0;
+  for (int k = 0; at < scattered.size(); ++k) {
+    const size_t n = std::min<size_t>(k % 7 == 0 ? 0 : static_cast<size_t>(k % 211), scattered.size() - at);
+    pieces.push_back({scattered.data() + at, n});
+    at += n;
+  }
+  ASSERT_GT(pieces.size(), 1024u);
+  f.read_scattered(10, pieces);
+  EXPECT_EQ(scattered, whole);
+  // past the end: the truncation message
+  std::string more(100, '\0');
+  try {
+    f.read_scattered(static_cast<int64_t>(bytes.size()) - 40, {{more.data(), 50}, {more.data() + 50, 50}});
+    ADD_FAILURE() << "a read past the end succeeded";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(str_cat("ends at byte ", bytes.size(), ", 60 bytes short")),
+              std::string::npos)
+        << e.what();
+  }
+  // a CRC extended piece by piece is the CRC of the whole
+  uint32_t crc = 0;
+  for (size_t a = 0; a < bytes.size(); a += 777)
+    crc = crc32_extend(crc, bytes.data() + a, std::min<size_t>(777, bytes.size() - a));
+  EXPECT_EQ(crc, crc32_of(bytes.data(), bytes.size()));
+  EXPECT_NE(crc, crc32_of(bytes.data(), bytes.size() - 1));
   fs::remove_all(root);
 }
 
