@@ -2,7 +2,7 @@
 # Installs what dtrain needs on a fresh Debian 12 machine, and nothing else: Debian packages (compiler tools, OpenMPI,
 # Gloo headers, GoogleTest, CLI11, nlohmann-json, toml++, OpenSSL (HMAC for the job secret), ccache, the fortunes
 # corpus, libdeflate for checksums) and a project-local virtual environment .venv with libtorch 2.13 (the CPU wheel) and
-# Python's safetensors (the export round trip). Idempotent: a second run
+# Python's safetensors (the export round trip) and matplotlib (the main job's loss curve). Idempotent: a second run
 # only checks, in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,10 +27,14 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.sta
     2>/dev/null; then
   echo "setup: creating .venv with torch==$TORCH_VERSION (CPU build)"
   python3 -m venv .venv
-  .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy safetensors
+  .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy safetensors matplotlib
 fi
 # Python's safetensors: the suite loads dtrain's exports with it (tests/export_roundtrip.py)
 if ! .venv/bin/python -c "import safetensors" 2>/dev/null; then
   .venv/bin/pip install -q safetensors
+fi
+# matplotlib: the main job's loss curve (scripts/plot_loss.py)
+if ! .venv/bin/python -c "import matplotlib" 2>/dev/null; then
+  .venv/bin/pip install -q matplotlib
 fi
 echo "setup: ready (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'), $(mpirun --version | head -1))"

@@ -2,6 +2,7 @@
 #include "train/train_gpt.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adamw.h>
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "parallel/strategy.h"
 #include "tensor/comm_log.h"
 #include "tensor/distribute_module.h"
+#include "tensor/dtensor.h"
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
 #include "train/text_data.h"
@@ -61,7 +63,7 @@ Placement gpt_tp_placement(const std::string& name) {
 namespace {
 
 // Rank 0's view of the run: the loss lines every --log-every steps, and with --metrics one JSON object per
-// step (step, loss, elapsed_s, tokens_per_s) written and flushed as it comes.
+// step (step, loss, lr, elapsed_s, tokens_per_s, grad_norm with --clip) written and flushed as it comes.
 class StepLog {
  public:
   StepLog(const TrainOptions& o, bool lead, int64_t tokens_per_step, int64_t first_step)
@@ -83,20 +85,21 @@ class StepLog {
     return !o_.metrics.empty() || step == first_step_ || step % o_.log_every == 0 || step == o_.steps;
   }
   // grad_norm: the global gradient norm before clipping (with --clip), else negative.
-  void step(int64_t step, double loss, double grad_norm) {
+  void step(int64_t step, double loss, double grad_norm, double lr) {
     if (step == first_step_) first_loss = loss;
     last_loss = loss;
     if (!lead_) return;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     double rate = static_cast<double>((step - first_step_ + 1) * tokens_per_step_) / secs;
     if (metrics_.is_open()) {
-      nlohmann::json j{{"step", step}, {"loss", loss}, {"elapsed_s", secs}, {"tokens_per_s", rate}};
+      nlohmann::json j{
+          {"step", step}, {"loss", loss}, {"lr", lr}, {"elapsed_s", secs}, {"tokens_per_s", rate}};
       if (grad_norm >= 0) j["grad_norm"] = grad_norm;
       metrics_ << j.dump() << "\n";
       metrics_.flush();
     }
     if (step == first_step_ || step % o_.log_every == 0 || step == o_.steps) {
-      std::printf("step %5ld  loss %.4f  %.0f tokens/s%s\n", static_cast<long>(step), loss, rate,
+      std::printf("step %5ld  loss %.4f  lr %.2e  %.0f tokens/s%s\n", static_cast<long>(step), loss, lr, rate,
                   grad_norm >= 0 ? str_cat("  grad norm ", grad_norm).c_str() : "");
       std::fflush(stdout);
     }
@@ -139,6 +142,37 @@ void print_end(const TrainOptions& o, const StepLog& log, double val, const std:
   }
   std::printf("communication of the last step (forward, backward, AdamW), by the op that caused it:\n%s",
               last_step_comm.empty() ? "  none\n" : last_step_comm.c_str());
+}
+
+// Text from the trained model: `o.sample_bytes` bytes after `o.sample_prompt`, each drawn from the top_k
+// likeliest next bytes at temperature 0.8 by a generator seeded with o.seed. Every rank runs the same
+// forwards (ZeRO-3 gathers its units in them) and draws the same bytes; rank 0 prints them. Bytes that are
+// not printable ASCII (nor newline or tab) print as '?'.
+std::string generate(models::GPT& gpt, const TrainOptions& o, int64_t T) {
+  at::NoGradGuard no_grad;
+  const bool was_training = gpt->is_training();
+  gpt->eval();
+  std::vector<int64_t> tokens;
+  for (unsigned char c : o.sample_prompt) tokens.push_back(c);
+  if (tokens.empty()) tokens.push_back('\n');
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::string text = o.sample_prompt;
+  for (int64_t i = 0; i < o.sample_bytes; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - T);
+    const at::Tensor context =
+        at::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()), at::kLong).unsqueeze(0);
+    at::Tensor logits = gpt->forward(context);
+    if (tensor::is_dtensor(logits)) logits = tensor::full_tensor(logits);
+    const at::Tensor last = logits.select(0, 0).select(0, -1).to(at::kFloat);
+    const auto [values, ids] = last.topk(std::min<int64_t>(o.top_k, last.size(0)));
+    const at::Tensor probs = at::softmax(values / 0.8, 0);
+    const int64_t next = ids[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+    tokens.push_back(next);
+    const bool shown = (next >= 32 && next < 127) || next == '\n' || next == '\t';
+    text.push_back(shown ? static_cast<char>(next) : '?');
+  }
+  if (was_training) gpt->train();
+  return text;
 }
 
 // The model under parallel::parallelize: each data-parallel rank takes its rows of each micro-batch (the
@@ -247,6 +281,14 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
     }
   };
   StepLog log(o, lead, o.batch * cfg.block_size, first_step);
+  std::ofstream sample_file;  // opened now: a path that cannot be written fails before the training
+  if (lead && !o.sample_file.empty()) {
+    sample_file.open(o.sample_file, std::ios::trunc);
+    if (!sample_file) {
+      throw ValueError(str_cat("train: --sample-file ", o.sample_file,
+                               " cannot be written. Name a file in a folder that exists and is writable."));
+    }
+  }
   const int64_t T = cfg.block_size;
   std::string last_step_comm;
   for (int64_t step = first_step; step <= o.steps; ++step) {
@@ -276,6 +318,8 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       (loss.to(at::kFloat) * (weight * static_cast<double>(o.deterministic ? 1 : n) * mp.loss_scale()))
           .backward();
     }
+    const double lr = scheduled_lr(o, step);
+    for (auto& g : par->optimizer().param_groups()) g.options().set_lr(lr);
     const bool take = mp.unscale(*par);  // 16-bit: into the fp32 masters; false for an inf or nan
     const double grad_norm = take && o.clip > 0 ? optim::clip_grad_norm(*par, o.clip) : -1.0;
     if (take) {
@@ -289,7 +333,7 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
         world->all_reduce(global_loss)->wait();
         global_loss /= static_cast<double>(o.tp);
       }
-      log.step(step, global_loss.item<double>(), grad_norm);
+      log.step(step, global_loss.item<double>(), grad_norm, lr);
     }
     if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == o.steps)) save(step);
   }
@@ -307,8 +351,18 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
       val += gpt->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).item<double>();
     }
   }
+  const std::string sample = o.sample_bytes > 0 && o.tp == 1 ? generate(gpt, o, T) : "";
   if (lead) {
     print_end(o, log, val / static_cast<double>(o.eval_batches), last_step_comm, first_step);
+    if (o.sample_bytes > 0 && o.tp > 1) {
+      std::printf("dtrain train: no sample drawn: under --tp the logits are split over the vocabulary\n");
+    } else if (o.sample_bytes > 0) {
+      std::printf(
+          "dtrain train: sample (%ld bytes after the prompt, top-%ld at temperature 0.8, seed %lu):\n%s\n",
+          static_cast<long>(o.sample_bytes), static_cast<long>(o.top_k), static_cast<unsigned long>(o.seed),
+          sample.c_str());
+      if (sample_file.is_open()) sample_file << sample << "\n" << std::flush;
+    }
     if (precision != optim::Precision::kFp32) {
       std::printf("mixed precision %s with fp32 master weights: %ld steps skipped for an inf or nan%s\n",
                   optim::to_string(precision), static_cast<long>(mp.skipped()),
@@ -351,8 +405,44 @@ void train_parallel(const TrainOptions& o, const comm::BackendPtr& world, models
 
 }  // namespace
 
+void check_schedule(const TrainOptions& o) {
+  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
+    throw ValueError(str_cat("train: --lr-schedule '", o.lr_schedule,
+                             "' is not a schedule dtrain has. Use constant or cosine."));
+  }
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) {
+    throw ValueError(str_cat("train: --lr ", o.lr,
+                             " must be a learning rate of 0 or more (0: the weights stay), e.g. 1e-3."));
+  }
+  if (o.warmup < 0 || o.warmup > o.steps) {
+    throw ValueError(
+        str_cat("train: --warmup ", o.warmup, " must be between 0 and --steps (", o.steps, ")."));
+  }
+  if (!std::isfinite(o.min_lr) || o.min_lr > o.lr) {
+    throw ValueError(str_cat("train: --min-lr ", o.min_lr, " must be at most --lr (", o.lr,
+                             "); a negative value means lr / 10."));
+  }
+}
+
+double scheduled_lr(const TrainOptions& o, int64_t step) {
+  if (step <= o.warmup) return o.lr * static_cast<double>(step) / static_cast<double>(o.warmup);
+  if (o.lr_schedule == "constant") return o.lr;
+  const double floor = o.min_lr < 0 ? o.lr / 10 : o.min_lr;
+  const int64_t span = o.steps - o.warmup;  // steps warmup+1 .. steps: from lr down to floor
+  const double t = span <= 1 ? 1.0 : static_cast<double>(step - o.warmup - 1) / static_cast<double>(span - 1);
+  return floor + (o.lr - floor) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, t)));
+}
+
 int train_gpt(const TrainOptions& o) {
   o.model.validate();
+  check_schedule(o);
+  if (o.eval_batches < 1 || o.eval_batches > 100000) {
+    throw ValueError(str_cat("train: --eval-batches ", o.eval_batches, " must be between 1 and 100000."));
+  }
+  if (o.sample_bytes < 0 || o.sample_bytes > 100000 || o.top_k < 1 || o.top_k > 256) {
+    throw ValueError(str_cat("train: --sample ", o.sample_bytes, " must be 0 to 100000 bytes and --top-k ",
+                             o.top_k, " 1 to 256 (the byte vocabulary)."));
+  }
   if (o.log_every < 1) {
     throw ValueError(
         str_cat("train: --log-every ", o.log_every, " must be at least 1. Use e.g. --log-every 20."));

@@ -39,8 +39,21 @@ struct TrainOptions {
   int64_t keep = 3;
   std::string resume;
   std::string init_from;
-  double lr = 1e-3;
+  double lr = 1e-3;  // the peak learning rate
+  // A linear warmup from lr/warmup to lr over the first `warmup` steps, then constant: `lr`; cosine: a half
+  // cosine from lr down to `min_lr` at the last step. A function of the step alone, so that a resumed run
+  // continues it exactly (with the same --steps).
+  std::string lr_schedule = "constant";
+  int64_t warmup = 0;
+  double min_lr = -1;  // negative: lr / 10
   double weight_decay = 0.1;
+  // Text generated at the end from the trained model (rank 0 prints it): `sample_bytes` bytes after
+  // `sample_prompt`, each drawn from the `top_k` likeliest at temperature 0.8 by a generator seeded with
+  // `seed`.
+  int64_t sample_bytes = 0;
+  std::string sample_prompt = "The ";
+  int64_t top_k = 10;
+  std::string sample_file;  // rank 0 also writes the sample here ("" = none)
   int64_t log_every = 20;
   int64_t eval_batches = 4;  // validation batches at the end
   uint64_t seed = 1234;
@@ -59,5 +72,9 @@ tensor::Placement gpt_tp_placement(const std::string& param_name);
 // Runs the training in this process as one rank of the world (dtrain::init()). Returns 0; throws ValueError
 // for bad options (world not divisible by tp, ...).
 int train_gpt(const TrainOptions& opts);
+
+// The learning rate of step `step` (1-based) under `o`'s schedule; ValueError naming the flag for a bad one.
+double scheduled_lr(const TrainOptions& o, int64_t step);
+void check_schedule(const TrainOptions& o);
 
 }  // namespace dtrain::train

@@ -8,6 +8,8 @@ namespace dtrain::apps {
 CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
   CLI::App* c =
       app.add_subcommand("train", "Train a GPT on text (one token per byte); run it inside `dtrain run`");
+  // a flag given twice takes its last value: scripts/main.sh's defaults, then the user's own
+  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   c->add_option("--data", o.data, "A text file or a folder of text files")->capture_default_str();
   c->add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
   c->add_option("--batch", o.batch, "Global batch (sequences), split over the data-parallel ranks")
@@ -65,7 +67,8 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
               "micro-batches (a multiple of the ranks, a power of 2 per rank), their gradients summed as one "
               "balanced tree");
   c->add_option("--metrics", o.metrics,
-                "Write one JSON object per step (step, loss, elapsed_s) to this file");
+                "Write one JSON object per step (step, loss, lr, elapsed_s, tokens_per_s, grad_norm with "
+                "--clip) to this file");
   c->add_option(
       "--save", o.save,
       "Save checkpoints under this folder (step-<N>, and 'latest' naming the newest): every "
@@ -81,8 +84,26 @@ CLI::App* add_train_command(CLI::App& app, train::TrainOptions& o) {
       "save it again under this layout)");
   c->add_option("--init-from", o.init_from,
                 "Start from the weights of this safetensors file (e.g. `dtrain ckpt export`'s), any layout");
-  c->add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  c->add_option("--lr", o.lr, "AdamW's (peak) learning rate")->capture_default_str();
+  c->add_option("--lr-schedule", o.lr_schedule,
+                "constant, or cosine: a half cosine from --lr down to --min-lr at the last step (both after "
+                "--warmup)")
+      ->capture_default_str();
+  c->add_option("--warmup", o.warmup, "Steps of linear warmup from lr/warmup up to --lr")
+      ->capture_default_str();
+  c->add_option("--min-lr", o.min_lr, "The cosine schedule's last learning rate (negative: --lr / 10)")
+      ->capture_default_str();
+  c->add_option("--sample", o.sample_bytes,
+                "Generate this many bytes of text after the training (after --sample-prompt) and print them")
+      ->capture_default_str();
+  c->add_option("--sample-prompt", o.sample_prompt, "The text the sample continues")->capture_default_str();
+  c->add_option("--sample-file", o.sample_file, "Also write the sample to this file");
+  c->add_option("--top-k", o.top_k, "The sample draws each byte from the k likeliest (temperature 0.8)")
+      ->capture_default_str();
   c->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  c->add_option("--eval-batches", o.eval_batches,
+                "Batches of the held-out text (the last 5%) the validation loss at the end averages")
+      ->capture_default_str();
   c->add_option("--log-every", o.log_every, "Log the loss every this many steps")->capture_default_str();
   c->add_option("--seed", o.seed, "Seed of the weights and of the batches")->capture_default_str();
   return c;
