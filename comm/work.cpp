@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/failure_board.h"
+#include "comm/timeline.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -87,6 +88,7 @@ std::exception_ptr Work::engine_error(const std::string& what,
 void Work::wait_impl(Clock::time_point deadline) {
   if (error_) std::rethrow_exception(error_);
   if (done_) return;
+  const Clock::time_point wait_start = Clock::now();
   // Before the deadline, take a snapshot of the peers' progress: when the op then times out, the rank that
   // hosts the store may already be gone (it timed out too), and the snapshot still names the missing ranks.
   const auto snapshot_margin = std::min<Clock::duration>(std::chrono::seconds(1), info_.timeout / 4);
@@ -165,6 +167,13 @@ void Work::wait_impl(Clock::time_point deadline) {
     std::this_thread::sleep_until(std::min(not_before_, info_.deadline));
   }
   run_steps();
+  const Clock::time_point end = Clock::now();
+  timeline::add_wait(end - wait_start);
+  if (timeline::enabled()) {
+    timeline::record({info_.op, "comm", timeline::to_us(info_.issued),
+                      timeline::to_us(end) - timeline::to_us(info_.issued),
+                      str_cat(info_.backend, " seq ", info_.seq, ", group ", info_.group)});
+  }
 }
 
 void Work::run_steps() {

@@ -190,6 +190,13 @@ std::string job_secret(const LaunchOptions& o, const EnvMap& env) {
   return secret;
 }
 
+// DTRAIN_PROGRESS for the ranks: "1" when the launcher writes to a terminal (a rank may then draw a progress
+// bar, which the line relay shows in place), "0" otherwise; the user's own value wins.
+std::string progress_env() {
+  if (const char* v = std::getenv("DTRAIN_PROGRESS")) return v;
+  return ::isatty(1) ? "1" : "0";
+}
+
 struct GroupResult {
   bool ok = true;
   int interrupted_by = 0;  // the signal that stopped the launcher, 0 if none
@@ -213,7 +220,8 @@ class Group {
     if (opts_.backend == "mpi") {
       auto argv = mpirun_command(opts_, cores, ::geteuid() == 0, parent_env);
       EnvList env = {{"DTRAIN_RESTART_COUNT", std::to_string(restart_count)},
-                     {"DTRAIN_LAUNCHER_PID", std::to_string(::getpid())}};
+                     {"DTRAIN_LAUNCHER_PID", std::to_string(::getpid())},
+                     {"DTRAIN_PROGRESS", progress_env()}};
       // SIGTERM, not SIGKILL, when the launcher dies: mpirun then stops its ranks itself.
       children_.push_back(std::make_unique<RankProcess>("mpirun", "", argv, env, 1, 2, SIGTERM));
       return;
@@ -223,6 +231,7 @@ class Group {
       const int rank = opts_.node_rank * opts_.nproc + local_rank;
       auto env = rank_env(opts_, local_rank, restart_count, port, cores, parent_env);
       env.emplace_back("DTRAIN_LAUNCHER_PID", std::to_string(::getpid()));
+      env.emplace_back("DTRAIN_PROGRESS", progress_env());
       if (!secret_.empty()) env.emplace_back("DTRAIN_JOB_SECRET", secret_);
       children_.push_back(std::make_unique<RankProcess>(str_cat("rank ", rank), str_cat("[rank ", rank, "] "),
                                                         opts_.command, env, 1, 2, SIGKILL));

@@ -68,6 +68,8 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, int cores, bool 
   cmd.push_back("DTRAIN_RESTART_COUNT");
   cmd.push_back("-x");
   cmd.push_back("DTRAIN_LAUNCHER_PID");
+  cmd.push_back("-x");
+  cmd.push_back("DTRAIN_PROGRESS");
   const std::string threads = thread_default(parent_env, cores, n);
   for (const char* name : kThreadVars) export_var(name, threads);
   export_var("OMP_WAIT_POLICY", "PASSIVE");

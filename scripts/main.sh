@@ -24,7 +24,7 @@ if [ -e "$run/train.log" ] || [ -e "$run/checkpoints" ]; then
 fi
 mkdir -p "$run"
 defaults=(--layers 4 --width 128 --heads 4 --seq 64 --batch 16 --steps 5000 --lr 6e-3 --lr-schedule cosine
-  --warmup 200 --clip 1.0 --log-every 250 --eval-batches 16 --sample 400 --save-every 1000)
+  --warmup 200 --clip 1.0 --log-every 250 --eval-batches 16 --eval-every 1000 --sample 400 --save-every 1000)
 dtrain run -n "${DTRAIN_NPROC:-2}" --backend "${DTRAIN_BACKEND:-mpi}" -- dtrain train "${defaults[@]}" \
   --metrics "$run/metrics.jsonl" --save "$run/checkpoints" --sample-file "$run/sample.txt" "$@" 2>&1 |
   tee "$run/train.log"

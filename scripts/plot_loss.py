@@ -1,5 +1,5 @@
 """The loss curve of a `dtrain train --metrics FILE` run, drawn with matplotlib: the training loss per step (and
-its running mean), the learning rate on a second axis, and the validation loss where the run printed one.
+its running mean), the learning rate on a second axis, and the validation losses the metrics hold (or --val).
 
     .venv/bin/python scripts/plot_loss.py METRICS.jsonl OUT.png [--val LOSS] [--title TEXT]
 """
@@ -19,12 +19,18 @@ def main():
     ap.add_argument("--val", type=float, default=None, help="the validation loss at the end")
     ap.add_argument("--title", default="dtrain train")
     a = ap.parse_args()
-    steps, loss, lr = [], [], []
+    steps, loss, lr, val_steps, val = [], [], [], [], []
     with open(a.metrics) as f:
         for line in f:
             if not line.strip():
                 continue
             r = json.loads(line)
+            if "val_loss" in r:  # an evaluation during (or at the end of) the run
+                val_steps.append(r["step"])
+                val.append(r["val_loss"])
+                continue
+            if r.get("loss") is None:
+                continue
             steps.append(r["step"])
             loss.append(r["loss"])
             lr.append(r.get("lr"))
@@ -36,7 +42,9 @@ def main():
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     ax.plot(steps, loss, color="#9ecae1", linewidth=0.8, label="training loss (per step)")
     ax.plot(steps, mean, color="#08519c", linewidth=1.8, label=f"running mean ({window} steps)")
-    if a.val is not None:
+    if val:
+        ax.plot(val_steps, val, color="#d62728", marker="o", linewidth=1, label="validation loss")
+    elif a.val is not None:
         ax.scatter([steps[-1]], [a.val], color="#d62728", zorder=5, label=f"validation loss {a.val:.3f}")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per byte)")

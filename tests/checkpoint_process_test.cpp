@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,9 +23,13 @@ const std::vector<std::string> kModel{"--layers", "2",  "--width", "32", "--head
                                       "--seq",    "16", "--batch", "12", "--log-every", "1"};
 
 // `dtrain run -n n -- dtrain train <model> args`, killed past 180 s (a hang fails the test, never the suite).
+// `launch` adds flags of `dtrain run`.
 Finished train(int n, const std::vector<std::string>& args, const fs::path& out,
-               const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  std::vector<std::string> argv{DTRAIN_BINARY, "run", "-n", std::to_string(n), "--", DTRAIN_BINARY, "train"};
+               const std::vector<std::pair<std::string, std::string>>& env = {},
+               const std::vector<std::string>& launch = {}) {
+  std::vector<std::string> argv{DTRAIN_BINARY, "run", "-n", std::to_string(n)};
+  argv.insert(argv.end(), launch.begin(), launch.end());
+  for (const char* a : {"--", DTRAIN_BINARY, "train"}) argv.push_back(a);
   for (size_t i = 0; i + 1 < kModel.size(); i += 2) {  // (a flag in `args` replaces the model's)
     if (std::find(args.begin(), args.end(), kModel[i]) != args.end()) continue;
     argv.push_back(kModel[i]);
@@ -55,6 +60,7 @@ std::map<int64_t, double> losses(const fs::path& metrics) {
   std::ifstream in(metrics);
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;  // a validation line
     out[j["step"].get<int64_t>()] = j["loss"].get<double>();
   }
   return out;
@@ -353,5 +359,52 @@ TEST(CheckpointExport, RoundTripThroughPython) {
   ASSERT_EQ(f.exit_code(), 0) << f.output;
   f = run({DTRAIN_PYTHON, DTRAIN_EXPORT_SCRIPT, "same", half, exported_again}, dir / "py2.txt");
   EXPECT_EQ(f.exit_code(), 0) << f.output;
+  fs::remove_all(dir);
+}
+
+// Elastic resume: a rank SIGKILLed mid-run under `dtrain run --max-restarts 1` makes the group restart; the
+// restarted ranks resume from the latest checkpoint under --save by themselves and end with the parameters,
+// optimizer state and random state of an uninterrupted run, bit for bit, on both backends. `--resume auto`
+// with nothing saved yet starts afresh.
+TEST(Elastic, RankKilledMidRunRestartsFromTheLatestCheckpointAndEndsAsAnUninterruptedRun) {
+  const fs::path dir = temp_dir();
+  const std::vector<std::string> common{"--steps", "8", "--save-every", "2", "--strategy", "zero3"};
+  auto with_save = [&](const fs::path& root) {
+    auto a = common;
+    a.push_back("--save");
+    a.push_back(root.string());
+    return a;
+  };
+  Finished f = train(2, with_save(dir / "whole"), dir / "whole.txt");
+  ASSERT_EQ(f.exit_code(), 0) << f.output;
+  for (const std::string backend : {"gloo", "mpi"}) {
+    const fs::path root = dir / ("killed_" + backend);
+    const auto t0 = std::chrono::steady_clock::now();
+    f = train(2, with_save(root), dir / "killed.txt", {{"DTRAIN_TEST_KILL_AT_STEP", "1:5"}},
+              {"--backend", backend, "--max-restarts", "1"});
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(f.exit_code(), 0) << backend << "\n" << f.output;
+    EXPECT_LT(secs, 60) << backend << ": the lost rank was noticed late\n" << f.output;
+    EXPECT_NE(f.output.find("restarting the group (restart 1 of 1)"), std::string::npos) << f.output;
+    EXPECT_NE(
+        f.output.find("restart 1 of the group: resuming from the latest checkpoint under " + root.string()),
+        std::string::npos)
+        << f.output;
+    EXPECT_NE(f.output.find("resumed from " + (root / "step-00000004").string()), std::string::npos)
+        << f.output;
+    expect_same_state((dir / "whole" / "step-00000008").string(), (root / "step-00000008").string(),
+                      {"model/", "optim/", "buffer/", "rng/"}, 0, backend + " elastic");
+  }
+  f = train(2, {"--steps", "2", "--resume", "auto", "--save", (dir / "fresh").string()}, dir / "fresh.txt");
+  ASSERT_EQ(f.exit_code(), 0) << f.output;
+  EXPECT_NE(f.output.find("--resume auto: no checkpoint under " + (dir / "fresh").string() +
+                          " yet, starting at step 1"),
+            std::string::npos)
+      << f.output;
+  f = train(2, {"--steps", "2", "--resume", "auto"}, dir / "nosave.txt");
+  EXPECT_NE(f.exit_code(), 0);
+  EXPECT_NE(f.output.find("--resume auto continues from the latest checkpoint under --save; add --save DIR"),
+            std::string::npos)
+      << f.output;
   fs::remove_all(dir);
 }

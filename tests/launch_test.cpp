@@ -164,6 +164,8 @@ TEST(MpirunCommand, OversubscribedAsRoot) {
                                    "-x",
                                    "DTRAIN_LAUNCHER_PID",
                                    "-x",
+                                   "DTRAIN_PROGRESS",
+                                   "-x",
                                    "OMP_NUM_THREADS=3",
                                    "-x",
                                    "MKL_NUM_THREADS",

@@ -1,8 +1,11 @@
-// The training run's pure parts: the learning-rate schedule against its formula, and each bad schedule option
-// rejected with a message naming the flag and the value.
+// The training run's pure parts: the learning-rate schedule against its formula, each bad schedule option
+// rejected with a message naming the flag and the value, and the distributed sampler's epochs.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -25,7 +28,7 @@ TrainOptions cosine(int64_t steps, int64_t warmup, double lr, double min_lr) {
 
 std::string message_of(const TrainOptions& o) {
   try {
-    train::check_schedule(o);
+    train::check_trainer_options(o);
   } catch (const ValueError& e) {
     return e.what();
   }
@@ -78,9 +81,10 @@ TEST(Schedule, ConstantKeepsTheRateAfterItsWarmup) {
 
 TEST(Schedule, BadOptionsAreRejectedNamingTheFlagAndValue) {
   TrainOptions o = cosine(100, 10, 1e-3, -1);
-  o.lr_schedule = "linear";
-  EXPECT_NE(message_of(o).find("--lr-schedule 'linear' is not a schedule dtrain has. Use constant or cosine"),
-            std::string::npos)
+  o.lr_schedule = "step";
+  EXPECT_NE(
+      message_of(o).find("--lr-schedule 'step' is not a schedule dtrain has. Use constant, cosine or linear"),
+      std::string::npos)
       << message_of(o);
   o = cosine(100, 101, 1e-3, -1);
   EXPECT_NE(message_of(o).find("--warmup 101 must be between 0 and --steps (100)"), std::string::npos)
@@ -95,4 +99,78 @@ TEST(Schedule, BadOptionsAreRejectedNamingTheFlagAndValue) {
     EXPECT_NE(message_of(o).find("must be a learning rate of 0 or more"), std::string::npos) << bad;
   }
   EXPECT_EQ(message_of(cosine(100, 10, 0.0, -1)), "");  // lr 0: the weights stay (an evaluation)
+}
+
+// DeepSpeed's WarmupLR and WarmupDecayLR (linear and log warmup) against their formulas: iteration t = step -
+// 1, lr = min + (max - min) * gamma(t), gamma = t / N or ln(t + 1) / ln(N) while t < N, then 1 (WarmupLR) or
+// max(0, (T - t) / max(1, T - N)) (WarmupDecayLR, T the total steps).
+TEST(Schedule, DeepSpeedWarmupLrAndWarmupDecayLrFollowTheirFormulas) {
+  for (const std::string type : {"linear", "log"}) {
+    for (const std::string schedule : {"constant", "linear"}) {
+      TrainOptions o;
+      o.steps = 40, o.warmup = 10, o.lr = 2e-3, o.warmup_min_lr = 1e-4, o.min_lr = 1e-4;
+      o.warmup_type = type, o.lr_schedule = schedule;
+      ASSERT_EQ(message_of(o), "");
+      for (int64_t s = 1; s <= o.steps; ++s) {
+        const double t = static_cast<double>(s - 1), n = 10, total = 40;
+        double gamma =
+            t < n ? (type == "log" ? std::log(t + 1) / std::log(n) : t / n)
+                  : (schedule == "constant" ? 1.0 : std::max(0.0, (total - t) / std::max(1.0, total - n)));
+        const double want = 1e-4 + (2e-3 - 1e-4) * gamma;
+        EXPECT_NEAR(train::scheduled_lr(o, s), want, 1e-15) << type << " " << schedule << " step " << s;
+      }
+    }
+  }
+  TrainOptions o;  // WarmupLR longer than the run: still warming up at the end
+  o.steps = 20, o.warmup = 1000, o.warmup_min_lr = 0, o.warmup_type = "log";
+  EXPECT_EQ(message_of(o), "");
+  EXPECT_LT(train::scheduled_lr(o, 20), o.lr);
+}
+
+// The sampler over sizes that do not divide the batch nor the ranks: at every step the ranks' parts are
+// disjoint and together the step's batch; each epoch takes every sample exactly once; epochs and seeds give
+// different orders; a sampler made anew (a resumed run) gives every step the same samples.
+TEST(DistributedSampler, DisjointCompleteEpochsDeterministicAndResumable) {
+  for (int64_t samples : {1, 10, 37, 100}) {
+    for (int64_t batch : {1, 4, 7, 150}) {
+      const train::DistributedSampler s(samples, batch, 99);
+      const int64_t epochs = 3, positions = samples * epochs;
+      std::vector<int64_t> seq;
+      for (int64_t step = 1; static_cast<int64_t>(seq.size()) < positions; ++step) {
+        const at::Tensor all = s.step_indices(step);
+        ASSERT_EQ(all.numel(), batch);
+        for (int64_t ranks : {1, 2, 3, 4}) {
+          if (ranks > batch) continue;
+          std::vector<int64_t> joined;
+          for (int64_t r = 0; r < ranks; ++r) {
+            const at::Tensor part = s.rank_indices(step, r, ranks);
+            joined.insert(joined.end(), part.data_ptr<int64_t>(), part.data_ptr<int64_t>() + part.numel());
+          }
+          // (the parts, in rank order, are the batch: disjoint positions, nothing left out)
+          ASSERT_EQ(joined, std::vector<int64_t>(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + batch))
+              << samples << " samples, batch " << batch << ", " << ranks << " ranks, step " << step;
+        }
+        seq.insert(seq.end(), all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + batch);
+        const train::DistributedSampler again(samples, batch, 99);
+        EXPECT_TRUE(at::equal(again.step_indices(step), all)) << "step " << step;
+      }
+      for (int64_t e = 0; e < epochs; ++e) {
+        std::set<int64_t> seen(seq.begin() + e * samples, seq.begin() + (e + 1) * samples);
+        EXPECT_EQ(static_cast<int64_t>(seen.size()), samples) << "epoch " << e << ": a sample twice";
+        EXPECT_EQ(*seen.begin(), 0);
+        EXPECT_EQ(*seen.rbegin(), samples - 1);
+      }
+      if (samples >= 10) {
+        EXPECT_FALSE(std::equal(seq.begin(), seq.begin() + samples, seq.begin() + samples))
+            << "epochs 0 and 1 in the same order";
+        const train::DistributedSampler other(samples, samples, 100);
+        EXPECT_FALSE(
+            at::equal(other.step_indices(1), train::DistributedSampler(samples, samples, 99).step_indices(1)))
+            << "seeds 99 and 100 in the same order";
+      }
+    }
+  }
+  EXPECT_EQ(train::DistributedSampler(10, 4, 1).epoch_of(3), 0);  // positions 8..11: epoch 0 ends inside
+  EXPECT_EQ(train::DistributedSampler(10, 4, 1).epoch_of(4), 1);
+  EXPECT_THROW(train::DistributedSampler(0, 4, 1), ValueError);
 }

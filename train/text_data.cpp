@@ -2,7 +2,6 @@
 #include "train/text_data.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -66,16 +65,18 @@ TextCorpus load_text(const std::string& path, double val_fraction) {
   return c;
 }
 
-at::Tensor sample_windows(const at::Tensor& tokens, int64_t batch, int64_t seq, uint64_t seed, int64_t step) {
-  const int64_t span = tokens.numel() - (seq + 1);
-  if (span <= 0) {
+int64_t window_count(const at::Tensor& tokens, int64_t seq) {
+  const int64_t n = (tokens.numel() - 1) / seq;
+  if (n < 1) {
     throw ValueError(str_cat("data: ", tokens.numel(), " tokens are fewer than one window of ", seq + 1,
                              ". Lower --seq or use more text."));
   }
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003 + static_cast<uint64_t>(step));
-  at::Tensor starts = at::randint(span, {batch, 1}, gen, at::kLong);
-  at::Tensor idx = (starts + at::arange(seq + 1, at::kLong)).reshape({-1});
-  return at::index_select(tokens, 0, idx).view({batch, seq + 1});
+  return n;
+}
+
+at::Tensor windows(const at::Tensor& tokens, int64_t seq, const at::Tensor& indices) {
+  const at::Tensor idx = (indices.unsqueeze(1) * seq + at::arange(seq + 1, at::kLong)).reshape({-1});
+  return at::index_select(tokens, 0, idx).view({indices.numel(), seq + 1});
 }
 
 }  // namespace dtrain::train

@@ -1,5 +1,5 @@
 // Text as training data: the bytes of a file or of every text file in a folder, one token per byte
-// (vocabulary 256), split into a training and a validation part, and batches of windows drawn from them.
+// (vocabulary 256), split into a training and a validation part, cut into windows.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,8 +20,11 @@ struct TextCorpus {
 // when it is missing or holds too little text.
 TextCorpus load_text(const std::string& path, double val_fraction = 0.05);
 
-// `batch` windows of `seq + 1` tokens from `tokens`, their starts drawn from a generator seeded with (seed,
-// step): the same on every rank, and different for every step. Returns [batch, seq + 1] int64.
-at::Tensor sample_windows(const at::Tensor& tokens, int64_t batch, int64_t seq, uint64_t seed, int64_t step);
+// The windows of `seq + 1` tokens a model of context `seq` trains on: window i is tokens i*seq .. i*seq + seq
+// (each window's last token is the next one's first), window_count() of them; ValueError when there is not
+// one.
+int64_t window_count(const at::Tensor& tokens, int64_t seq);
+// The windows `indices` names (int64 [k]): [k, seq + 1] int64.
+at::Tensor windows(const at::Tensor& tokens, int64_t seq, const at::Tensor& indices);
 
 }  // namespace dtrain::train

@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_comm = dtrain::apps::add_bench_command(app, bench_opts);
   dtrain::apps::ExplainOptions explain_opts;
   CLI::App* explain = dtrain::apps::add_explain_command(app, explain_opts);
-  dtrain::train::TrainOptions train_opts;
-  CLI::App* train = dtrain::apps::add_train_command(app, train_opts);
+  dtrain::apps::TrainCommand train_cmd;
+  CLI::App* train = dtrain::apps::add_train_command(app, train_cmd);
   dtrain::apps::CkptOptions ckpt_opts;
   CLI::App* ckpt = dtrain::apps::add_ckpt_command(app, ckpt_opts);
   // A first word that is no command: say so, instead of CLI11's "A subcommand is required".
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return dtrain::launch::run(run_opts);
     if (bench_comm->parsed()) return dtrain::apps::run_bench_comm(bench_opts);
     if (explain->parsed()) return dtrain::apps::run_explain(explain_opts);
-    if (train->parsed()) return dtrain::train::train_gpt(train_opts);
+    if (train->parsed()) return dtrain::train::train_gpt(dtrain::apps::train_options(train_cmd));
     if (ckpt->parsed()) return dtrain::apps::run_ckpt(*ckpt, ckpt_opts);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;

@@ -29,15 +29,24 @@ void write_all(int fd, const std::string& s) {
 }
 
 LineRelay::LineRelay(std::string prefix, int out_fd, std::size_t max_line)
-    : prefix_(std::move(prefix)), out_fd_(out_fd), max_line_(max_line) {}
+    : prefix_(std::move(prefix)), out_fd_(out_fd), max_line_(max_line), tty_(::isatty(out_fd) == 1) {}
 
 void LineRelay::feed(const char* data, std::size_t n) {
   pending_.append(data, n);
   std::size_t start = 0;
   while (true) {
-    const std::size_t nl = pending_.find('\n', start);
+    const std::size_t nl = tty_ ? pending_.find_first_of("\n\r", start) : pending_.find('\n', start);
     if (nl == std::string::npos) break;
-    write_line(pending_.data() + start, nl - start);
+    if (pending_[nl] == '\r') {  // a status line: drawn over the previous one, no newline
+      if (nl > start) {
+        std::string status = "\r\033[K";
+        status.append(prefix_).append(pending_.data() + start, nl - start);
+        write_all(out_fd_, status);
+        status_shown_ = true;
+      }
+    } else {
+      write_line(pending_.data() + start, nl - start);
+    }
     start = nl + 1;
   }
   while (pending_.size() - start >= max_line_) {
@@ -55,7 +64,9 @@ void LineRelay::flush() {
 void LineRelay::write_line(const char* data, std::size_t n) {
   // One write per line keeps each line whole even when the launcher's stdout is shared.
   std::string line;
-  line.reserve(prefix_.size() + n + 1);
+  line.reserve(prefix_.size() + n + 4);
+  if (status_shown_) line.append("\r\033[K");  // the status line gives way to the line
+  status_shown_ = false;
   line.append(prefix_).append(data, n).push_back('\n');
   write_all(out_fd_, line);
 }
