@@ -313,8 +313,11 @@ TEST(BadInput, ClearErrorsNotCrashes) {
       {"frobnicate", "'frobnicate' is not a dtrain command"},
       {"run --stop-grace inf -n 1 -- true", "--stop-grace = inf s is not"},
       {"bench comm --min-bytes 1e30", "more than 1 TiB"},
-      {"train --log-every 0", "--log-every 0 must be at least 1"},
-      {"train --batch 100000000", "more than 2^30 tokens"},
+      {"train --log-every 0", "--log-every 0: log.every = 0 is out of range; it must be an integer from 1"},
+      {"train --batch 100000000",
+       "--batch 100000000: train.batch = 100000000 is out of range; it must be an "
+       "integer from 1 to 1048576"},
+      {"train --batch 100000 --seq 100000", "more than 2^30 tokens"},
       {"train --data /dev/zero", "'/dev/zero' is not a regular file"},
   };
   for (const auto& [args, needle] : cases) {

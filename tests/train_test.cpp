@@ -1,13 +1,19 @@
-// The training run's pure parts: the learning-rate schedule against its formula, each bad schedule option
-// rejected with a message naming the flag and the value, and the distributed sampler's epochs.
+// The training run's parts in one process: the learning-rate schedule against its formula, each bad schedule
+// option rejected with a message naming the flag and the value, the distributed sampler's epochs, and the
+// Trainer's callbacks on a one-rank world.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
+#include <torch/nn/modules/linear.h>
+
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <string>
 
+#include "comm/factory.h"
 #include "core/error.h"
 #include "train/train_gpt.h"
 
@@ -173,4 +179,89 @@ TEST(DistributedSampler, DisjointCompleteEpochsDeterministicAndResumable) {
   EXPECT_EQ(train::DistributedSampler(10, 4, 1).epoch_of(3), 0);  // positions 8..11: epoch 0 ends inside
   EXPECT_EQ(train::DistributedSampler(10, 4, 1).epoch_of(4), 1);
   EXPECT_THROW(train::DistributedSampler(0, 4, 1), ValueError);
+}
+
+namespace {
+
+// Records each callback as a line.
+struct Recorder : train::Callback {
+  std::vector<std::string> calls;
+  std::vector<double> losses, evaluations;
+  void on_train_start(train::Trainer&) override { calls.push_back("start"); }
+  bool wants_loss(int64_t) override { return true; }
+  void on_step_end(train::Trainer&, const train::StepInfo& s) override {
+    calls.push_back("step " + std::to_string(s.step));
+    losses.push_back(s.loss);
+  }
+  void on_checkpoint(train::Trainer&, int64_t step, const std::string& dir) override {
+    calls.push_back("checkpoint " + std::to_string(step) + " " +
+                    std::filesystem::path(dir).filename().string());
+  }
+  void on_evaluate(train::Trainer&, int64_t step, double loss) override {
+    calls.push_back("evaluate " + std::to_string(step));
+    evaluations.push_back(loss);
+  }
+  void on_train_end(train::Trainer&) override { calls.push_back("end"); }
+  void on_exception(train::Trainer&, const std::exception& e) override {
+    calls.push_back(std::string("exception ") + e.what());
+  }
+};
+
+}  // namespace
+
+// A user's module (a linear regression) trained by the Trainer on a one-rank world: the callbacks in their
+// order (a checkpoint after every save, with its folder; evaluations every 3 steps and at the end), the loss
+// falling; an exception from the loss function reaches on_exception, then the caller.
+TEST(Trainer, CallbacksInOrderAndAnExceptionReachesOnException) {
+  auto world = comm::create_backend("gloo", RankInfo{}, std::chrono::seconds(30));
+  const auto root = std::filesystem::temp_directory_path() / "dtrain_trainer_test";
+  std::filesystem::remove_all(root);
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({64, 3}), y = x.matmul(at::tensor({1.0f, -2.0f, 0.5f})).unsqueeze(1);
+  train::TrainerOptions o;
+  o.steps = 40, o.batch = 8, o.lr = 0.1, o.weight_decay = 0, o.log_every = 100;
+  o.save = root.string(), o.save_every = 20;
+  const train::DistributedSampler sampler(64, o.batch, 1);
+  auto batches = [&](int64_t step) -> train::Trainer::Batch {
+    const at::Tensor idx = sampler.step_indices(step);
+    return {x.index_select(0, idx), y.index_select(0, idx)};
+  };
+  torch::nn::Linear model(3, 1);
+  auto loss = [&](const train::Trainer::Batch& rows) { return (model(rows[0]) - rows[1]).pow(2).mean(); };
+  auto rec = std::make_shared<Recorder>();
+  const double before = loss({x, y}).item<double>();
+  {
+    train::Trainer t(*model, loss, batches, o, world);
+    t.add_callback(rec);
+    t.set_evaluation([&](int64_t) -> train::Trainer::Batch { return {x, y}; }, 1, 20);
+    t.fit();
+  }
+  std::vector<std::string> want{"start"};
+  for (int s = 1; s <= 40; ++s) {
+    want.push_back("step " + std::to_string(s));
+    if (s % 20 == 0) {
+      want.push_back(str_cat("checkpoint ", s, " step-000000", s));
+      want.push_back("evaluate " + std::to_string(s));
+    }
+  }
+  want.push_back("end");
+  EXPECT_EQ(rec->calls, want);
+  ASSERT_EQ(rec->losses.size(), 40u);
+  ASSERT_EQ(rec->evaluations.size(), 2u);
+  EXPECT_LT(rec->evaluations.back(), 0.1 * before) << before;
+  EXPECT_TRUE(std::filesystem::exists(root / "step-00000040" / "manifest.json"));
+
+  // a failing loss function: on_exception sees it, then fit() rethrows it
+  torch::nn::Linear other(3, 1);
+  auto failing = [&](const train::Trainer::Batch& rows) {
+    if (rows[0].size(0) > 0 && rec->calls.size() > 1) throw ValueError("the user's loss failed");
+    return (other(rows[0]) - rows[1]).pow(2).mean();
+  };
+  rec->calls.clear();
+  o.save.clear(), o.save_every = 0;
+  train::Trainer t(*other, failing, batches, o, world);
+  t.add_callback(rec);
+  EXPECT_THROW(t.fit(), ValueError);
+  EXPECT_EQ(rec->calls, (std::vector<std::string>{"start", "step 1", "exception the user's loss failed"}));
+  std::filesystem::remove_all(root);
 }

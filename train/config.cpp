@@ -332,7 +332,10 @@ std::string last_part(const std::string& key) {
 }
 
 std::string range_text(const ConfigKey& k) {
-  auto num = [](double x) {
+  auto num = [&](double x) {  // integers in full below 1e15 (1048576, not 1.04858e+06)
+    if ((k.kind == Kind::kInt || k.kind == Kind::kBytes) && std::abs(x) < 1e15) {
+      return std::to_string(static_cast<int64_t>(x));
+    }
     std::ostringstream out;
     out << x;
     return out.str();
