@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/file_io.h"
 #include "checkpoint/training_state.h"
 #include "comm/init.h"
 #include "core/error.h"
@@ -260,19 +261,10 @@ void show_config(const TrainOptions& o) {
   std::fflush(stdout);
   if (o.save.empty()) return;
   std::error_code ec;
-  std::filesystem::create_directories(o.save, ec);
-  const std::string path = o.save + "/config.toml", tmp = path + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << "# dtrain train's effective config (dtrain train " << path << " runs it again)\n" << text;
-    f.flush();
-    if (!f)
-      throw ValueError(
-          str_cat("train: the effective config cannot be written to ", tmp, " (--save ", o.save, ")."));
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    throw ValueError(str_cat("train: the effective config cannot be moved to ", path, ": ", ec.message()));
+  std::filesystem::create_directories(o.save, ec);  // (a folder that cannot be made: the write names it)
+  const std::string path = o.save + "/config.toml";
+  checkpoint::write_file_atomic(
+      path, str_cat("# dtrain train's effective config (dtrain train ", path, " runs it again)\n", text));
 }
 
 double available_memory_bytes() {
@@ -347,11 +339,6 @@ void check_train_options(const TrainOptions& o) {
     throw ValueError(str_cat("train: --batch ", o.batch, " sequences of ", o.model.block_size + 1,
                              " tokens is more than 2^30 tokens per step. Use a smaller --batch or --seq."));
   }
-  if (o.sequence_parallel && o.tp == 1) {
-    throw ValueError(
-        "train: --sequence-parallel needs --tp of 2 or more (it splits the sequence over the "
-        "tensor-parallel ranks). Add --tp, or leave it out.");
-  }
 }
 
 int train_gpt(const TrainOptions& options) {
@@ -385,19 +372,6 @@ int train_gpt(const TrainOptions& options) {
   check_train_options(o);
   if (world->group_rank() == 0) show_config(o);
   const int zero_stage = stage_of(parallel::parse_strategy(o.strategy));
-  {  // the degrees against the world size, alike on every rank, before the corpus is read
-    parallel::ParallelConfig pc;
-    pc.strategy = o.strategy;
-    pc.shard_size = o.shard_size;
-    pc.tp = o.tp;
-    pc.tp_plan = o.tp_plan;
-    pc.buckets.deterministic = o.deterministic;
-    if (o.tp < 1 || world->group_size() % o.tp != 0) {
-      throw ValueError(str_cat("train: --tp ", o.tp, " does not divide the world size ", world->group_size(),
-                               ". Choose a divisor of ", world->group_size(), "."));
-    }
-    parallel::validate_parallel_config(pc, world->group_size());
-  }
   const bool lead = world->group_rank() == 0;
   TextCorpus corpus = load_text(o.data);
   const int64_t T = cfg.block_size;

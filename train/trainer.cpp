@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 
+#include "checkpoint/file_io.h"
 #include "checkpoint/training_state.h"
 #include "comm/timeline.h"
 #include "core/error.h"
@@ -463,7 +464,7 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss) {
     if (last) {
       values = at::zeros({1 + ws}, at::kDouble);
       values[0] = share;
-      values[1 + world_->group_rank()] = rss_mib();
+      if (want_loss) values[1 + world_->group_rank()] = rss_mib();  // (a read of /proc: logged steps only)
       if (loss_rides_) par_->data_parallel()->reduce_with_gradients(values);  // rides with the gradients
     }
     // (16-bit: the loss scaled in fp32, so that the scale itself cannot overflow the format)
@@ -505,14 +506,7 @@ void Trainer::write_timeline() {
     ranks.push_back(comm::timeline::events_from_json(text));
     events += ranks.back().size();
   }
-  const std::string tmp = o_.timeline + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << comm::timeline::chrome_trace(ranks);
-    f.flush();
-    if (!f) throw ValueError(str_cat("train: the timeline cannot be written to ", tmp, "."));
-  }
-  std::filesystem::rename(tmp, o_.timeline);
+  checkpoint::write_file_atomic(o_.timeline, comm::timeline::chrome_trace(ranks));
   std::printf(
       "dtrain train: timeline of %zu events on %zu ranks written to %s (open it in Perfetto or "
       "chrome://tracing)\n",
@@ -526,7 +520,7 @@ void Trainer::fit() {
     Log log(o_, lead(), first_step_);
     if (!o_.timeline.empty()) {
       if (lead()) {  // a path that cannot be written fails now, not after the training
-        std::ofstream f(o_.timeline + ".partial", std::ios::trunc);
+        std::ofstream f(o_.timeline, std::ios::app);
         if (!f) {
           throw ValueError(
               str_cat("train: --timeline ", o_.timeline,
