@@ -11,11 +11,12 @@
 // TimeoutError of its peers.
 //
 // Agreement: before a collective's data reaches the engine, the ranks exchange its signature (which
-// collective, dtype, element count or counts, reduce op, root; OpInfo::signature) in one small all_gather,
-// on the backend's own thread so that the call stays asynchronous. Ranks that disagree raise a ValueError on
-// every rank (from wait()) naming the rank that differs and what differs, instead of the engine aborting the
-// process (Gloo) or returning a wrong result (same bytes, other dtype; another root). A run of collectives
-// (AgreementRun, e.g. a step's gradient buckets) is checked once, at its first collective.
+// collective, dtype, element count or counts, reduce op, root; OpInfo::signature): in one small all_gather on
+// the backend's own thread, or (Gloo, every rank on this host) through a shared-memory board (ShmAgreement),
+// so that the call stays asynchronous. Ranks that disagree raise a ValueError on every rank (from wait())
+// naming the rank that differs and what differs, instead of the engine aborting the process (Gloo) or
+// returning a wrong result (same bytes, other dtype; another root). A run of collectives (AgreementRun, e.g.
+// a step's gradient buckets) is checked once, at its first collective.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -176,6 +176,19 @@ TEST_P(Fault, RanksThatDisagreeOnACollectiveAreNamed) {
     }
     fs::remove_all(job.dir);
   }
+  if (GetParam() == "gloo") {
+    // The same check through Gloo's all_gather (what a group spanning several hosts uses).
+    for (const std::string which : {"count", "dtype"}) {
+      Job job = run_worker("gloo", 3, "mismatch-" + which, "20", {{"DTRAIN_GLOO_AGREEMENT", "engine"}});
+      EXPECT_LT(job.seconds, 20) << which;
+      for (int r = 0; r < 3; ++r) {
+        std::string report = read_file(job.dir / ("mismatch" + std::to_string(r) + ".txt"));
+        EXPECT_NE(report.find(cases.at(which)), std::string::npos)
+            << which << ", engine, rank " << r << ": " << report;
+      }
+      fs::remove_all(job.dir);
+    }
+  }
   // Ranks that build different meshes (4 ranks: rank 3 a 1-d mesh, the others 2 x 2).
   Job job = run_worker(GetParam(), 4, "mismatch-mesh", "20");
   for (int r = 0; r < 4; ++r) {

@@ -12,6 +12,7 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -115,6 +116,7 @@ struct GlooBackend::Sequencer {
   // guarded by mu: the first failed agreement; later collectives fail with it instead of reaching Gloo (the
   // unsigned rest of a run would meet mismatched sizes there)
   std::exception_ptr disagreed;
+  uint64_t signed_count = 0;  // guarded by mu: signed collectives begun (their number on the shared board)
 
   void settle(uint64_t n) {
     {
@@ -215,6 +217,68 @@ std::string loopback_advertise_problem(const EnvMap& env, const std::string& hos
                  ", or fix the name's entry in /etc/hosts.");
 }
 
+namespace {
+
+// The shared-memory agreement board of a group whose ranks all share this host: group rank 0 creates it and
+// broadcasts its name; every rank maps it, and one all_reduce (min) tells all whether every rank could.
+// nullptr (Gloo's all_gather then carries the check) when one could not (another host, another IPC
+// namespace), for a one-rank group, or when DTRAIN_GLOO_AGREEMENT=engine asks for the all_gather.
+std::unique_ptr<ShmAgreement> local_agreement(c10d::ProcessGroupGloo& pg, const std::string& group_id,
+                                              int rank, int size, std::chrono::milliseconds timeout) {
+  const std::string mode = env_get(current_env(), "DTRAIN_GLOO_AGREEMENT").value_or("auto");
+  if (mode != "auto" && mode != "engine") {
+    throw ValueError(
+        str_cat("DTRAIN_GLOO_AGREEMENT='", mode,
+                "' is not a mode: use auto (shared memory when every rank of a group shares this "
+                "host, else Gloo's all_gather) or engine (always Gloo's all_gather)."));
+  }
+  if (size < 2 || mode == "engine") return nullptr;
+  constexpr int64_t kNameBytes = 56;
+  at::Tensor msg = at::zeros({kNameBytes + 8}, at::kByte);
+  std::unique_ptr<ShmAgreement> shm;
+  std::string why;
+  if (rank == 0) {
+    shm = ShmAgreement::create(size, &why);
+    if (shm && static_cast<int64_t>(shm->name().size()) < kNameBytes) {
+      std::memcpy(msg.data_ptr<uint8_t>(), shm->name().data(), shm->name().size());
+      const uint64_t nonce = shm->nonce();
+      std::memcpy(msg.data_ptr<uint8_t>() + kNameBytes, &nonce, 8);
+    } else {
+      shm.reset();
+    }
+  }
+  c10d::BroadcastOptions bo;
+  bo.rootRank = 0;
+  bo.timeout = timeout;
+  std::vector<at::Tensor> m{msg};
+  pg.broadcast(m, bo)->wait(timeout);
+  if (rank != 0 && msg.data_ptr<uint8_t>()[0] != 0) {
+    std::string name(reinterpret_cast<const char*>(msg.data_ptr<uint8_t>()));
+    uint64_t nonce = 0;
+    std::memcpy(&nonce, msg.data_ptr<uint8_t>() + kNameBytes, 8);
+    shm = ShmAgreement::open(name, nonce, rank, size, &why);
+  } else if (rank != 0) {
+    why = "group rank 0 could not create it";
+  }
+  at::Tensor ok = at::full({1}, shm ? 1 : 0, at::kInt);
+  c10d::AllreduceOptions ao;
+  ao.reduceOp = c10d::ReduceOp::MIN;
+  ao.timeout = timeout;
+  std::vector<at::Tensor> o{ok};
+  pg.allreduce(o, ao)->wait(timeout);
+  if (ok.item<int>() == 0) {
+    log_debug(rank_prefix(), " gloo: group ", group_id, " checks agreement through Gloo's all_gather",
+              why.empty() ? std::string(" (another rank could not map the shared board)")
+                          : str_cat(" (", why, ")"));
+    return nullptr;
+  }
+  shm->unlink();
+  log_debug(rank_prefix(), " gloo: group ", group_id, " checks agreement through shared memory");
+  return shm;
+}
+
+}  // namespace
+
 std::shared_ptr<GlooBackend> GlooBackend::create(c10::intrusive_ptr<BoundedStore> store, std::string group_id,
                                                  std::vector<int> global_ranks, int group_rank,
                                                  std::chrono::milliseconds timeout) {
@@ -248,18 +312,29 @@ std::shared_ptr<GlooBackend> GlooBackend::create(c10::intrusive_ptr<BoundedStore
                             " ranks) failed: ", e.what(), " ", hint));
   }
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg = *holder;
+  std::unique_ptr<ShmAgreement> shm;
+  try {
+    shm = local_agreement(*pg, group_id, group_rank, size, timeout);
+  } catch (const c10::Error& e) {
+    throw CommError(str_cat(rank_prefix(), " gloo: setting up group ", group_id,
+                            "'s agreement check failed: ", e.what_without_backtrace(), " ", hint));
+  }
   return std::shared_ptr<GlooBackend>(new GlooBackend(pg, std::move(store), std::move(group_id),
-                                                      std::move(global_ranks), group_rank, timeout));
+                                                      std::move(global_ranks), group_rank, timeout,
+                                                      std::move(shm)));
 }
 
 GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
                          c10::intrusive_ptr<BoundedStore> store, std::string group_id,
-                         std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout)
+                         std::vector<int> global_ranks, int group_rank, std::chrono::milliseconds timeout,
+                         std::unique_ptr<ShmAgreement> shm)
     : Backend("gloo", std::move(group_id), std::move(global_ranks), group_rank, timeout, std::move(store)),
       pg_(std::move(pg)),
-      sequencer_(std::make_shared<Sequencer>()) {}
+      sequencer_(std::make_shared<Sequencer>()),
+      shm_(std::move(shm)) {}
 
-GlooBackend::~GlooBackend() = default;
+// The issuer thread may be waiting on the shared board for ranks that will not come: it gives up at once.
+GlooBackend::~GlooBackend() { closing_->store(true); }
 
 // A signed collective: its signature is all-gathered (a c10d collective of its own), and when that completes,
 // c10d's worker thread itself checks the signatures and queues the data op (the future's callback), so the
@@ -272,6 +347,12 @@ GlooBackend::~GlooBackend() = default;
 // callback runs on the group's own worker thread, which the group joins before it is freed, and a strong
 // reference released there would destroy the group on its own thread (join of itself: std::terminate).
 WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
+  if (shm_) return issue_shm_agreement(std::move(info), std::move(start));
+  return issue_engine_agreement(std::move(info), std::move(start));
+}
+
+WorkPtr GlooBackend::issue_engine_agreement(OpInfo info,
+                                            std::function<c10::intrusive_ptr<c10d::Work>()> start) {
   auto issued = std::make_shared<Issued>();
   std::shared_ptr<Sequencer> seq = sequencer_;
   const bool signed_op = info.signature[0] != 0;
@@ -349,6 +430,144 @@ WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::W
       begin();
     });
   }
+  return std::make_shared<GlooWork>(std::move(info), std::move(issued));
+}
+
+namespace {
+
+// How long a signed collective's caller waits for the other ranks' signatures on the shared board before the
+// issuer thread takes the wait over (the caller never blocks longer): ranks that issue a collective together
+// meet well within it, and the data op then starts from the caller's thread, as an unchecked one would.
+constexpr auto kCallerAgreementWait = std::chrono::milliseconds(2);
+
+}  // namespace
+
+// A signed collective with the shared board (ShmAgreement): the signature is published there and, once every
+// rank's is, checked and the data op queued, in the same order on every rank as in issue_engine_agreement.
+// When every earlier collective has settled and the others publish within kCallerAgreementWait, all of this
+// runs on the caller's thread; otherwise the issuer thread does it, waiting up to the op's deadline.
+WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
+  auto issued = std::make_shared<Issued>();
+  std::shared_ptr<Sequencer> seq = sequencer_;
+  const bool signed_op = info.signature[0] != 0;
+  uint64_t n;
+  bool now;
+  {
+    std::lock_guard<std::mutex> lock(seq->mu);
+    if (seq->disagreed) std::rethrow_exception(seq->disagreed);
+    n = ++seq->issued;
+    now = seq->started == n - 1 && issuer_pending_ == 0;
+    if (!signed_op && now) {
+      seq->started = n;  // queued below, before any later collective can be
+    } else if (!now) {
+      ++issuer_pending_;
+    }
+  }
+  if (!signed_op && now) return std::make_shared<GlooWork>(std::move(info), start());
+  ShmAgreement* shm = shm_.get();
+  // Checks the gathered signatures and queues the data op; settles `issued` either way.
+  auto conclude = [info, start, issued, seq, ranks = global_ranks()](const std::vector<int64_t>& all) {
+    std::exception_ptr error;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      const size_t k = kSignatureFields;
+      bool same = true;
+      for (size_t g = 1; g < ranks.size() && same; ++g) {
+        same = std::equal(all.begin(), all.begin() + k, all.begin() + g * k);
+      }
+      if (!same) {
+        try {
+          check_signatures(info, all.data(), ranks);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(seq->mu);
+          if (!seq->disagreed) seq->disagreed = std::current_exception();
+          throw;
+        }
+      }
+      work = start();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    settle(*issued, error, std::move(work));
+  };
+  // Waits on the shared board up to the op's deadline (and Gloo's grace) on the issuer thread.
+  const size_t fields = static_cast<size_t>(group_size()) * kSignatureFields;
+  auto finish_late = [shm, info, issued, conclude, fields, closing = closing_](uint64_t s) {
+    std::vector<int64_t> all(fields);
+    if (shm->gather(s, all.data(), info.deadline + kGlooGrace, closing.get())) {
+      conclude(all);
+      return;
+    }
+    std::string who;
+    for (int g : shm->missing(s)) who += str_cat(who.empty() ? "" : ", ", g);
+    settle(
+        *issued,
+        std::make_exception_ptr(CommError(str_cat(
+            describe(info),
+            closing->load() ? ": the group was destroyed while waiting for group ranks [" : ": group ranks [",
+            who,
+            closing->load() ? "] to enter it" : "] never entered it (agreement through shared memory)"))),
+        {});
+  };
+  if (now) {
+    uint64_t s;
+    {
+      std::lock_guard<std::mutex> lock(seq->mu);
+      s = ++seq->signed_count;
+    }
+    shm->publish(s, info.signature.data());
+    std::vector<int64_t> all(fields);
+    if (shm->gather(s, all.data(), std::min(info.deadline, Clock::now() + kCallerAgreementWait))) {
+      conclude(all);
+      seq->settle(n);
+    } else {
+      // The op stays unsettled for the sequencer until the issuer concludes it: later ones queue behind it.
+      {
+        std::lock_guard<std::mutex> lock(seq->mu);
+        ++issuer_pending_;
+      }
+      if (!issuer_) issuer_ = std::make_unique<SerialThread>();
+      issuer_->post([this, seq, n, s, finish_late] {
+        finish_late(s);
+        {
+          std::lock_guard<std::mutex> lock(seq->mu);
+          --issuer_pending_;
+        }
+        seq->settle(n);
+      });
+    }
+    return std::make_shared<GlooWork>(std::move(info), std::move(issued));
+  }
+  if (!issuer_) issuer_ = std::make_unique<SerialThread>();
+  Clock::time_point deadline = info.deadline;
+  issuer_->post([this, seq, n, deadline, signed_op, shm, start, issued, finish_late,
+                 signature = info.signature]() mutable {
+    {
+      std::unique_lock<std::mutex> lock(seq->mu);
+      seq->cv.wait_until(lock, deadline, [&] { return seq->started >= n - 1; });
+      --issuer_pending_;
+    }
+    try {
+      {
+        std::lock_guard<std::mutex> lock(seq->mu);
+        if (seq->disagreed) std::rethrow_exception(seq->disagreed);
+      }
+      if (!signed_op) {
+        settle(*issued, nullptr, start());
+      } else {
+        uint64_t s;
+        {
+          std::lock_guard<std::mutex> lock(seq->mu);
+          s = ++seq->signed_count;
+        }
+        shm->publish(s, signature.data());
+        finish_late(s);
+      }
+    } catch (...) {
+      settle(*issued, std::current_exception(), {});
+    }
+    seq->settle(n);
+  });
   return std::make_shared<GlooWork>(std::move(info), std::move(issued));
 }
 

@@ -7,6 +7,7 @@
 #include "comm/backend.h"
 #include "comm/completion.h"
 #include "comm/serial_thread.h"
+#include "comm/shm_agreement.h"
 #include "core/env.h"
 
 namespace c10d {
@@ -52,11 +53,14 @@ class GlooBackend : public Backend {
  private:
   GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, c10::intrusive_ptr<BoundedStore> store,
               std::string group_id, std::vector<int> global_ranks, int group_rank,
-              std::chrono::milliseconds timeout);
+              std::chrono::milliseconds timeout, std::unique_ptr<ShmAgreement> shm);
 
-  // Issues a collective: at once when it carries no signature, else on the issuer thread after the ranks
-  // agreed on it (Backend's agreement check).
+  // Issues a collective: at once when it carries no signature, else once the ranks agreed on it (Backend's
+  // agreement check): through shared memory when the group has it (on the caller's thread when the others
+  // are there within a moment, else on the issuer thread), else through an all_gather on c10d's thread.
   WorkPtr issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
+  WorkPtr issue_engine_agreement(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
+  WorkPtr issue_shm_agreement(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
 
   // Waits for a c10d send/recv Work on the waiter thread (see gloo_backend.cpp); the Completion says when.
   std::shared_ptr<Completion> wait_in_order(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline);
@@ -66,6 +70,10 @@ class GlooBackend : public Backend {
   struct Sequencer;
   std::shared_ptr<Sequencer> sequencer_;  // the issue order of signed collectives
   int issuer_pending_ = 0;  // guarded by sequencer_->mu: collectives the issuer has yet to queue
+  // The agreement board when every rank of the group shares this host (nullptr: Gloo's all_gather); used by
+  // the issuer thread, so destroyed after it.
+  std::unique_ptr<ShmAgreement> shm_;
+  std::shared_ptr<std::atomic<bool>> closing_ = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<SerialThread> issuer_;  // queues collectives issued before earlier ones settled; destroyed
                                           // before pg_
 };
