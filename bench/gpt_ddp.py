@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 
 import torch
@@ -209,7 +210,14 @@ def main():
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if rank == 0:
         print(f"peak_rss_mib {peak_kib / 1024:.1f} net_of_interpreter_mib {(peak_kib - rss_before_kib) / 1024:.1f}")
-    dist.destroy_process_group()
+    # Every rank is done once the barrier returns. Leave without tearing down the Gloo group: its teardown
+    # after ZeroRedundancyOptimizer once ended in std::terminate (SIGABRT; one run of five here, PyTorch 2.13),
+    # which would stop the benchmark after the figures were written.
+    dist.barrier()
+    sys.stdout.flush()
+    if out:
+        out.close()
+    os._exit(0)
 
 
 if __name__ == "__main__":

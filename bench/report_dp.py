@@ -10,7 +10,7 @@ import sys
 
 def step_times(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
-    t = [r["elapsed_s"] for r in rows]
+    t = [r["elapsed_s"] for r in rows if "elapsed_s" in r]  # not the evaluation rows (val_loss)
     return [b - a for a, b in zip(t[9:], t[10:])]
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-measures every figure of bench/RESULTS.md in one go, section by section, into OUTDIR (default bench/out):
 # the focused 64 MiB all_reduce (3 runs per backend), every collective at 2 and 4 ranks (run_comm.sh), `dtrain
-# bench comm` at 3 ranks, the agreement check's cost, the DTensor dispatch overhead and the GPT step. Build first (scripts/build.sh). About 15
+# bench comm` at 3 ranks, the agreement check's cost, the DTensor dispatch overhead and the GPT step. Build first (scripts/build.sh). About 8-10
 # minutes on 2 cores; run nothing else meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
