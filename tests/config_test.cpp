@@ -9,6 +9,8 @@
 #include <fstream>
 #include <functional>
 
+#include <unistd.h>
+
 #include "apps/dtrain/cmd_train.h"
 #include "core/error.h"
 #include "train/config.h"
@@ -19,9 +21,21 @@ using train::TrainOptions;
 
 namespace {
 
+// A folder of this process's own, removed when the process ends: CTest runs the tests of this file in
+// parallel, each in its own process, and a shared folder let one test read the other's file.
+struct TempDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("dtrain_config_test_" + std::to_string(::getpid()));
+  TempDir() { std::filesystem::create_directories(path); }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
 std::string write_temp(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / "dtrain_config_test";
-  std::filesystem::create_directories(dir);
+  static const TempDir tmp;
+  const auto& dir = tmp.path;
   const std::string path = (dir / name).string();
   std::ofstream(path, std::ios::trunc) << text;
   return path;
