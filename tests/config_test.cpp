@@ -9,10 +9,9 @@
 #include <fstream>
 #include <functional>
 
-#include <unistd.h>
-
 #include "apps/dtrain/cmd_train.h"
 #include "core/error.h"
+#include "tests/temp_dir.h"
 #include "train/config.h"
 #include "train/deepspeed_config.h"
 
@@ -21,12 +20,10 @@ using train::TrainOptions;
 
 namespace {
 
-// A folder of this process's own, removed when the process ends: CTest runs the tests of this file in
-// parallel, each in its own process, and a shared folder let one test read the other's file.
+// One folder per test process, removed when it ends: CTest runs the tests of this file in parallel, and a
+// shared folder let one test read the other's file.
 struct TempDir {
-  std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("dtrain_config_test_" + std::to_string(::getpid()));
-  TempDir() { std::filesystem::create_directories(path); }
+  std::filesystem::path path = test::temp_dir("dtrain_config_test");
   ~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);

@@ -21,6 +21,7 @@
 
 #include "core/env.h"
 #include "launch/launcher.h"
+#include "tests/temp_dir.h"
 
 namespace dtrain::test {
 
@@ -37,11 +38,6 @@ inline std::string read_file(const fs::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-inline fs::path temp_dir() {
-  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
-  return mkdtemp(tmpl);
 }
 
 // `n` ranks of DTRAIN_COMM_WORKER running `suite`, started by the launcher with DTRAIN_TIMEOUT = `timeout`

@@ -13,10 +13,9 @@
 #include <set>
 #include <string>
 
-#include <unistd.h>
-
 #include "comm/factory.h"
 #include "core/error.h"
+#include "tests/temp_dir.h"
 #include "train/train_gpt.h"
 
 using namespace dtrain;
@@ -216,9 +215,7 @@ struct Recorder : train::Callback {
 // falling; an exception from the loss function reaches on_exception, then the caller.
 TEST(Trainer, CallbacksInOrderAndAnExceptionReachesOnException) {
   auto world = comm::create_backend("gloo", RankInfo{}, std::chrono::seconds(30));
-  const auto root =
-      std::filesystem::temp_directory_path() / ("dtrain_trainer_test_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(root);
+  const auto root = test::temp_dir("dtrain_trainer_test");
   at::manual_seed(3);
   const at::Tensor x = at::randn({64, 3}), y = x.matmul(at::tensor({1.0f, -2.0f, 0.5f})).unsqueeze(1);
   train::TrainerOptions o;
