@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "comm/completion.h"
+#include "comm/failing.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -30,6 +31,7 @@ bool wait_done(Completion& done, StoreClock::time_point deadline) {
 
 void run_bounded(const std::string& what, StoreClock::time_point deadline, std::function<void()> fn,
                  const std::string& hint) {
+  deadline = within_exit_budget(deadline);
   auto done = std::make_shared<Completion>();
   auto start = StoreClock::now();
   std::thread([fn = std::move(fn), done] {
@@ -135,6 +137,13 @@ void BoundedStore::submit(const char* what, StoreClock::time_point deadline,
                           std::function<void(c10d::Store&)> fn) {
   auto done = std::make_shared<Completion>();
   auto start = StoreClock::now();
+  deadline = within_exit_budget(deadline);  // a failing process: what is left of its exit budget
+  if (start >= deadline && failing()) {
+    throw CommError(str_cat(rank_prefix(), " ", where_, ": ", what,
+                            " was not sent: this process is leaving after a failed collective, and its time "
+                            "to leave (",
+                            kExitBudget.count(), " ms) is spent."));
+  }
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->busy && !state_->stuck_what.empty()) {

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -23,7 +25,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x6474726e61677231ULL;  // "dtrnagr1"
 constexpr size_t kHeader = 64;
-constexpr size_t kSlotBytes = 128;
+constexpr size_t kSlotBytes = 192;
 // How long a rank polls for a peer's signature before it sleeps on the peer's futex: about what the peer
 // needs when it is about to arrive (the usual case: the ranks issue the collective together).
 constexpr auto kSpin = std::chrono::microseconds(50);
@@ -50,6 +52,36 @@ inline void cpu_relax() {
 
 size_t segment_bytes(int size) { return kHeader + kSlotBytes * static_cast<size_t>(size); }
 
+// The PID namespace of this process (its inode under /proc/self/ns), 0 where it cannot be read.
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// Process `pid`'s state letter and start time (clock ticks after boot) from /proc/<pid>/stat; false when
+// there is no such process.
+bool process_stat(int pid, char* state, uint64_t* start_time) {
+  char path[48];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  // "pid (comm) S ppid ...": the name may hold spaces and parentheses, the fields after the last ')' cannot.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr || p[1] != ' ') return false;
+  *state = p[2];
+  p += 3;
+  for (int field = 4; field < 22 && p != nullptr; ++field) {  // start time is field 22
+    p = std::strchr(p + 1, ' ');
+  }
+  *start_time = p != nullptr ? std::strtoull(p + 1, nullptr, 10) : 0;
+  return true;
+}
+
 }  // namespace
 
 struct ShmAgreement::Slot {
@@ -57,11 +89,37 @@ struct ShmAgreement::Slot {
   std::atomic<uint32_t> futex;             // bumped at each publish; waiters sleep on it
   std::atomic<uint32_t> waiters;           // ranks sleeping on futex (the publisher wakes them only when > 0)
   int64_t signature[2][kSignatureFields];  // collective s in [s % 2]
+  // Who owns the slot, written once before the group's set-up completes: its process, the start time that
+  // tells it from a later process with the same pid, and the PID namespace the pid means something in.
+  int64_t pid;
+  uint64_t start_time;
+  uint64_t pid_ns;
 };
 ShmAgreement::ShmAgreement(std::string name, uint64_t nonce, int rank, int size, void* base, size_t bytes)
     : name_(std::move(name)), nonce_(nonce), rank_(rank), size_(size), base_(base), bytes_(bytes) {
   static_assert(sizeof(Slot) <= kSlotBytes);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+  sign_slot();
+}
+
+void ShmAgreement::sign_slot() {
+  Slot& me = slot(rank_);
+  char state = 0;
+  uint64_t start = 0;
+  me.pid = ::getpid();
+  me.start_time = process_stat(::getpid(), &state, &start) ? start : 0;
+  me.pid_ns = pid_namespace();
+  // (read by the others only after the group's set-up all-reduce, which orders it)
+}
+
+bool ShmAgreement::exited(int r, int* pid) const {
+  const Slot& peer = slot(r);
+  if (pid) *pid = static_cast<int>(peer.pid);
+  if (r == rank_ || peer.pid <= 0 || peer.pid_ns == 0 || peer.pid_ns != pid_namespace()) return false;
+  char state = 0;
+  uint64_t start = 0;
+  if (!process_stat(static_cast<int>(peer.pid), &state, &start)) return true;  // gone, and reaped
+  return state == 'Z' || state == 'X' || (peer.start_time != 0 && start != peer.start_time);
 }
 
 ShmAgreement::~ShmAgreement() {
@@ -178,6 +236,7 @@ bool ShmAgreement::wait_for(int r, uint64_t s, Clock::time_point until, const st
     }
     peer.waiters.fetch_sub(1);
     if (arrived) return true;
+    if (exited(r)) return false;  // (once a slice: a read of /proc)
   }
 }
 

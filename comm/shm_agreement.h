@@ -10,6 +10,10 @@
 //
 // The segment is created by group rank 0 (mode 0600, a random name), opened by the others, and unlinked as
 // soon as every rank mapped it: nothing is left in /dev/shm, even when a rank is killed later.
+//
+// A rank that dies closes no connection a waiter here would see, so each slot also names its process (pid,
+// start time, PID namespace): a wait that sleeps looks at /proc every slice and gives up as soon as the rank
+// it waits for has exited, instead of at the op's deadline.
 #pragma once
 
 #include <atomic>
@@ -50,10 +54,15 @@ class ShmAgreement {
   bool gather(uint64_t s, int64_t* all, Clock::time_point until, const std::atomic<bool>* stop = nullptr);
   // The group ranks that have not published collective `s`.
   std::vector<int> missing(uint64_t s) const;
+  // Whether group rank r's process is known to have exited (it ran in this PID namespace and /proc no longer
+  // shows it, shows it as a zombie, or shows another process under its pid); false while it runs, or where
+  // this cannot be told. `pid` (optional) gets its pid.
+  bool exited(int r, int* pid = nullptr) const;
 
  private:
   struct Slot;
   ShmAgreement(std::string name, uint64_t nonce, int rank, int size, void* base, size_t bytes);
+  void sign_slot();  // writes this process's identity into its slot
   Slot& slot(int r) const;
   // Waits for rank r to publish s (spinning briefly, then sleeping on its futex); false at `until` or stop.
   bool wait_for(int r, uint64_t s, Clock::time_point until, const std::atomic<bool>* stop);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/failing.h"
 #include "comm/failure_board.h"
 #include "comm/timeline.h"
 #include "core/error.h"
@@ -127,6 +128,7 @@ void Work::wait_impl(Clock::time_point deadline) {
     }
   };
   bool finished = false;
+  bool disagreed = false;
   try {
     if (info_.diagnose && deadline == info_.deadline && deadline - Clock::now() > 2 * snapshot_margin) {
       finished = wait_watching(deadline - snapshot_margin);
@@ -138,8 +140,13 @@ void Work::wait_impl(Clock::time_point deadline) {
     error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " aborted: ", a.why)));
   } catch (const ValueError&) {
     error_ = std::current_exception();  // the ranks disagree on the call (agreement): the message is complete
+    disagreed = true;
   } catch (const Error& e) {
-    error_ = std::make_exception_ptr(CommError(str_cat(describe(info_), " failed: ", e.what())));
+    // (an error that already names this op, e.g. the agreement's, stands as it is)
+    const std::string op = describe(info_);
+    error_ = std::string(e.what()).rfind(op, 0) == 0
+                 ? std::current_exception()
+                 : std::make_exception_ptr(CommError(str_cat(op, " failed: ", e.what())));
   } catch (const c10::Error& e) {
     error_ = engine_error(e.what_without_backtrace(), diagnosis);
   } catch (const std::exception& e) {
@@ -162,7 +169,10 @@ void Work::wait_impl(Clock::time_point deadline) {
                 " Check that every rank calls the same collectives in the same order; if the work between "
                 "collectives is just slow, raise the timeout (DTRAIN_TIMEOUT=seconds).")));
   }
-  if (error_) std::rethrow_exception(error_);
+  if (error_) {
+    if (!disagreed) mark_failing();  // from here every exit path shares one budget (comm/failing.h)
+    std::rethrow_exception(error_);
+  }
   if (Clock::now() < not_before_) {  // set_simulated_link: a slower network
     std::this_thread::sleep_until(std::min(not_before_, info_.deadline));
   }

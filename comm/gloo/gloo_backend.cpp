@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "comm/completion.h"
+#include "comm/failing.h"
 #include "comm/job_store.h"
 #include "comm/serial_thread.h"
 #include "core/env.h"
@@ -128,6 +129,14 @@ struct GlooBackend::Sequencer {
 };
 
 namespace {
+
+// A collective that is not handed to c10d because an earlier one of this process failed (comm/failing.h):
+// a new engine op would wait for the failed peers up to a timeout of its own.
+CommError not_started(const OpInfo& info) {
+  return CommError(str_cat(describe(info),
+                           ": not started, since an earlier collective of this process failed (this error "
+                           "follows from that one, reported first)."));
+}
 
 void settle(Issued& issued, std::exception_ptr error, c10::intrusive_ptr<c10d::Work> work) {
   {
@@ -333,8 +342,20 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
       sequencer_(std::make_shared<Sequencer>()),
       shm_(std::move(shm)) {}
 
-// The issuer thread may be waiting on the shared board for ranks that will not come: it gives up at once.
-GlooBackend::~GlooBackend() { closing_->store(true); }
+// The issuer thread may be waiting on the shared board, or for an earlier collective, for ranks that will not
+// come: it gives up at once. In a failing process (comm/failing.h) nothing here may wait for the engine:
+// c10d's destructor would join worker threads still inside collectives with peers that froze or died, each
+// until Gloo's own timeout, so the process group and the waiter thread are left to the process's exit.
+GlooBackend::~GlooBackend() {
+  closing_->store(true);
+  { std::lock_guard<std::mutex> lock(sequencer_->mu); }
+  sequencer_->cv.notify_all();
+  if (failing()) {
+    issuer_.reset();  // its queued collectives settle at once (failing: none reaches c10d)
+    (void)waiter_.release();
+    (void)pg_.release();
+  }
+}
 
 // A signed collective: its signature is all-gathered (a c10d collective of its own), and when that completes,
 // c10d's worker thread itself checks the signatures and queues the data op (the future's callback), so the
@@ -361,6 +382,7 @@ WorkPtr GlooBackend::issue_engine_agreement(OpInfo info,
   {
     std::lock_guard<std::mutex> lock(seq->mu);
     if (seq->disagreed) std::rethrow_exception(seq->disagreed);
+    if (failing()) throw not_started(info);
     n = ++seq->issued;
     now = seq->started == n - 1 && issuer_pending_ == 0;
     if (!signed_op && now) {
@@ -379,6 +401,7 @@ WorkPtr GlooBackend::issue_engine_agreement(OpInfo info,
         std::lock_guard<std::mutex> lock(seq->mu);
         if (seq->disagreed) std::rethrow_exception(seq->disagreed);
       }
+      if (failing()) throw not_started(info);
       if (!signed_op) {
         settle(*issued, nullptr, start());
         seq->settle(n);
@@ -403,6 +426,7 @@ WorkPtr GlooBackend::issue_engine_agreement(OpInfo info,
             if (!seq->disagreed) seq->disagreed = std::current_exception();
             throw;
           }
+          if (failing()) throw not_started(info);
           work = start();
         } catch (...) {
           error = std::current_exception();
@@ -420,11 +444,11 @@ WorkPtr GlooBackend::issue_engine_agreement(OpInfo info,
   } else {
     if (!issuer_) issuer_ = std::make_unique<SerialThread>();
     Clock::time_point deadline = info.deadline;
-    issuer_->post([this, seq, n, deadline, begin = std::move(begin)]() mutable {
+    issuer_->post([this, seq, n, deadline, begin = std::move(begin), closing = closing_]() mutable {
       {
         // Past the op's deadline the group is failing anyway: queue it rather than wait without end.
         std::unique_lock<std::mutex> lock(seq->mu);
-        seq->cv.wait_until(lock, deadline, [&] { return seq->started >= n - 1; });
+        seq->cv.wait_until(lock, deadline, [&] { return seq->started >= n - 1 || closing->load(); });
         --issuer_pending_;
       }
       begin();
@@ -455,6 +479,7 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
   {
     std::lock_guard<std::mutex> lock(seq->mu);
     if (seq->disagreed) std::rethrow_exception(seq->disagreed);
+    if (failing()) throw not_started(info);
     n = ++seq->issued;
     now = seq->started == n - 1 && issuer_pending_ == 0;
     if (!signed_op && now) {
@@ -484,6 +509,7 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
           throw;
         }
       }
+      if (failing()) throw not_started(info);
       work = start();
     } catch (...) {
       error = std::current_exception();
@@ -492,14 +518,36 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
   };
   // Waits on the shared board up to the op's deadline (and Gloo's grace) on the issuer thread.
   const size_t fields = static_cast<size_t>(group_size()) * kSignatureFields;
-  auto finish_late = [shm, info, issued, conclude, fields, closing = closing_](uint64_t s) {
+  auto finish_late = [shm, info, issued, conclude, fields, closing = closing_,
+                      ranks = global_ranks()](uint64_t s) {
     std::vector<int64_t> all(fields);
     if (shm->gather(s, all.data(), info.deadline + kGlooGrace, closing.get())) {
       conclude(all);
       return;
     }
-    std::string who;
-    for (int g : shm->missing(s)) who += str_cat(who.empty() ? "" : ", ", g);
+    std::string who, dead;
+    for (int g : shm->missing(s)) {
+      who += str_cat(who.empty() ? "" : ", ", g);
+      int pid = 0;
+      if (shm->exited(g, &pid))
+        dead += str_cat(dead.empty() ? "" : ", ", "rank ", ranks[g], " (pid ", pid, ")");
+    }
+    if (!dead.empty()) {
+      std::string progress;  // what the others published (bounded; the store's host may be the one gone)
+      try {
+        if (info.diagnose) progress = info.diagnose();
+      } catch (const std::exception& e) {
+        progress = str_cat("(the peers' progress could not be read: ", e.what(), ")");
+      }
+      settle(*issued,
+             std::make_exception_ptr(CommError(str_cat(
+                 describe(info), ": ", dead,
+                 " exited without entering it: its process ended while this rank waited for it (it died, was "
+                 "killed, crashed or returned early; its own output and exit status say which).",
+                 progress.empty() ? "" : " ", progress))),
+             {});
+      return;
+    }
     settle(
         *issued,
         std::make_exception_ptr(CommError(str_cat(
@@ -540,11 +588,11 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
   }
   if (!issuer_) issuer_ = std::make_unique<SerialThread>();
   Clock::time_point deadline = info.deadline;
-  issuer_->post([this, seq, n, deadline, signed_op, shm, start, issued, finish_late,
-                 signature = info.signature]() mutable {
+  issuer_->post([this, seq, n, deadline, signed_op, shm, start, issued, finish_late, info,
+                 closing = closing_]() mutable {
     {
       std::unique_lock<std::mutex> lock(seq->mu);
-      seq->cv.wait_until(lock, deadline, [&] { return seq->started >= n - 1; });
+      seq->cv.wait_until(lock, deadline, [&] { return seq->started >= n - 1 || closing->load(); });
       --issuer_pending_;
     }
     try {
@@ -552,6 +600,7 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
         std::lock_guard<std::mutex> lock(seq->mu);
         if (seq->disagreed) std::rethrow_exception(seq->disagreed);
       }
+      if (failing()) throw not_started(info);
       if (!signed_op) {
         settle(*issued, nullptr, start());
       } else {
@@ -560,7 +609,7 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
           std::lock_guard<std::mutex> lock(seq->mu);
           s = ++seq->signed_count;
         }
-        shm->publish(s, signature.data());
+        shm->publish(s, info.signature.data());
         finish_late(s);
       }
     } catch (...) {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/failing.h"
 #include "comm/job_store.h"
 #include "comm/mpi/detail/comm_thread.h"
 #include "core/error.h"
@@ -266,7 +267,13 @@ MpiBackend::MpiBackend(std::shared_ptr<Environment> env, std::shared_ptr<detail:
       p2p_comm_(p2p_comm) {}
 
 MpiBackend::~MpiBackend() {
-  bool failed = thread_->failed() || (p2p_thread_ && p2p_thread_->failed());
+  // In a failing process (comm/failing.h) nothing here may wait for MPI: a peer that froze or died holds
+  // MPI_Comm_free and MPI_Finalize without end, so the threads are left and MPI is not finalised.
+  bool failed = thread_->failed() || (p2p_thread_ && p2p_thread_->failed()) || failing();
+  if (failed) {
+    thread_->abandon();
+    if (p2p_thread_) p2p_thread_->abandon();
+  }
   if (p2p_thread_) p2p_thread_->stop();
   if (!failed) {
     MPI_Comm comm = comm_, p2p = p2p_comm_;
