@@ -234,6 +234,44 @@ TEST(CheckpointDeterministic, ResumedAtOtherWorldSizesBitForBit) {
   fs::remove_all(dir);
 }
 
+// `dtrain train --deterministic --steps 12` and no other flag (but --save, to read the parameters) gives the
+// same parameters bit for bit at 1, 2 and 4 ranks, with no thread variable set: the mode chooses the
+// micro-batch count itself and pins the threads (the launcher would give 2 threads at 1 rank, 1 at 2).
+TEST(CheckpointDeterministic, DefaultCommandGivesTheSameBitsAtOneTwoAndFourRanks) {
+  for (const char* v : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) unsetenv(v);
+  const fs::path dir = temp_dir();
+  std::string first;
+  for (int n : {1, 2, 4}) {
+    const fs::path s = dir / ("n" + std::to_string(n));
+    Finished f = finish(spawn({DTRAIN_BINARY, "run", "-n", std::to_string(n), "--", DTRAIN_BINARY, "train",
+                               "--deterministic", "--steps", "12", "--save", s.string()},
+                              {}, dir / "out.txt"),
+                        std::chrono::seconds(300));
+    ASSERT_EQ(f.exit_code(), 0) << f.output;
+    EXPECT_NE(f.output.find("deterministic: accumulation 8 (8 micro-batches of 2 sequences"),
+              std::string::npos)
+        << f.output;
+    if (n == 1) {
+      EXPECT_NE(f.output.find("intra-op threads pinned to 1 (were 2)"), std::string::npos) << f.output;
+      first = (s / "step-00000012").string();
+      continue;
+    }
+    expect_same_state(first, (s / "step-00000012").string(), {"model/"}, 0,
+                      "parameters at " + std::to_string(n) + " ranks against 1 rank's");
+  }
+  // A batch the mode cannot cut for 1, 2, 4 and 8 ranks is refused with the sizes that would do.
+  Finished f = finish(spawn({DTRAIN_BINARY, "run", "-n", "2", "--", DTRAIN_BINARY, "train", "--deterministic",
+                             "--batch", "12", "--steps", "1"},
+                            {}, dir / "bad.txt"),
+                      std::chrono::seconds(60));
+  EXPECT_NE(f.exit_code(), 0);
+  EXPECT_NE(
+      f.output.find("--batch 12 is not a multiple of 8. Use --batch 8, 16, 24, ... (the nearest: 8 or 16)"),
+      std::string::npos)
+      << f.output;
+  fs::remove_all(dir);
+}
+
 // SIGKILL of a rank at scripted points of a save (half-way through its shard file; rank 0 after the manifest,
 // before the rename; after the rename, before `latest` moves): the previous checkpoint is `latest`, verifies
 // and resumes.

@@ -303,6 +303,12 @@ void resolve_options(TrainOptions& o, int64_t world_size, int64_t params, double
     o.config_notes.push_back(str_cat("batch ", o.batch, " = micro-batch ", o.micro_batch, " x accumulation ",
                                      o.accumulation, " x ", n, " data-parallel ranks"));
   }
+  if (o.deterministic && !o.accumulation_given && o.micro_batch == 0) {
+    o.accumulation = deterministic_accumulation(o.batch, n);
+    o.config_notes.push_back(str_cat("deterministic: accumulation ", o.accumulation, " (", o.accumulation,
+                                     " micro-batches of ", o.batch / o.accumulation,
+                                     " sequences: the same bits at 1, 2, 4 and 8 data-parallel ranks)"));
+  }
   if (o.strategy == "auto") {
     // The rule until a planner exists: the model state of fp32 AdamW (16 bytes per parameter: weights,
     // gradients, two moments; under 16-bit precision the 2-byte weights and gradients plus fp32 masters and

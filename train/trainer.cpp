@@ -3,9 +3,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -62,6 +65,12 @@ std::string eta_text(double secs) {
 
 // Rank 0's view of the run: a line every log_every steps (on a terminal, also a progress bar redrawn every
 // step), and with `metrics` one JSON object per step, written and flushed as it comes.
+//
+// The bar's loss is recent: besides the logged steps, the global loss is gathered every kBarPeriod or so.
+// Which steps gather it must be the same on every rank (it is a collective), so it is never decided by a
+// rank's own clock: rank 0 puts two numbers into the loss's all-reduce itself (whether it shows a bar, and
+// its seconds per step so far), and every rank derives the next bar step from the reduced values alike. Under
+// dp the loss rides with the gradients on every step, and the bar shows the current step's.
 class Trainer::Log {
  public:
   Log(const TrainerOptions& o, bool lead, int64_t first_step)
@@ -75,15 +84,33 @@ class Trainer::Log {
       }
     }
   }
+  static constexpr double kBarPeriod = 0.5;  // seconds between the bar's gathered losses, about
+
   bool wants(int64_t step) const {
-    return !o_.metrics.empty() || step == first_step_ || step % o_.log_every == 0 || step == o_.steps;
+    return !o_.metrics.empty() || step == first_step_ || step % o_.log_every == 0 || step == o_.steps ||
+           (bar_agreed_ && step >= next_bar_step_);
+  }
+  // What rank 0 adds to step `step`'s loss all-reduce (zeros elsewhere): {shows a bar, seconds per step}.
+  std::array<double, 2> lead_values(int64_t step) const {
+    if (!lead_) return {0, 0};
+    const int64_t done = step - first_step_;  // steps finished before this one
+    return {bar_ ? 1.0 : 0.0, done > 0 ? seconds() / static_cast<double>(done) : 0.0};
+  }
+  // Every rank, after step `step`'s loss all-reduce, with the reduced lead_values: the next bar step.
+  void agree(int64_t step, double bar, double step_seconds) {
+    bar_agreed_ = bar > 0.5;
+    const double every = step_seconds > 0 ? std::floor(kBarPeriod / step_seconds) : 1.0;
+    next_bar_step_ = step + static_cast<int64_t>(std::clamp(every, 1.0, 100000.0));
   }
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
   void step(const StepInfo& s, const std::vector<double>& rss, double loss_scale) {
     if (!lead_) return;
     const double rate = static_cast<double>((s.step - first_step_ + 1) * o_.batch * o_.tokens_per_sample) /
                         std::max(s.seconds, 1e-9);
-    if (!std::isnan(s.loss)) shown_loss_ = s.loss;
+    if (!std::isnan(s.loss)) {
+      shown_loss_ = s.loss;
+      shown_step_ = s.step;
+    }
     if (metrics_.is_open()) {
       nlohmann::json j{
           {"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"elapsed_s", s.seconds}, {"tokens_per_s", rate}};
@@ -106,10 +133,13 @@ class Trainer::Log {
     if (bar_ && s.step < o_.steps) {  // on a terminal: a bar under the lines, redrawn in place
       constexpr int kWidth = 30;
       const int filled = static_cast<int>(kWidth * s.step / std::max<int64_t>(1, o_.steps));
-      std::printf("\033[K[%s%s] step %ld/%ld  loss %.4f  %.0f %s/s  ETA %s\r",
+      // (the loss of an earlier step says which)
+      const std::string of =
+          shown_step_ == s.step ? "" : str_cat(" (step ", static_cast<long>(shown_step_), ")");
+      std::printf("\033[K[%s%s] step %ld/%ld  loss %.4f%s  %.0f %s/s  ETA %s\r",
                   std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-                  static_cast<long>(s.step), static_cast<long>(o_.steps), shown_loss_, rate, unit(),
-                  eta_text(eta).c_str());
+                  static_cast<long>(s.step), static_cast<long>(o_.steps), shown_loss_, of.c_str(), rate,
+                  unit(), eta_text(eta).c_str());
     }
     std::fflush(stdout);
   }
@@ -132,8 +162,26 @@ class Trainer::Log {
   Clock::time_point t0_;
   bool bar_;
   double shown_loss_ = std::numeric_limits<double>::quiet_NaN();
+  int64_t shown_step_ = 0;     // the step shown_loss_ belongs to
+  bool bar_agreed_ = false;    // every rank: rank 0 shows a bar (from the reduced lead_values)
+  int64_t next_bar_step_ = 0;  // every rank: the next step that gathers the loss for the bar
   std::ofstream metrics_;
 };
+
+int64_t deterministic_accumulation(int64_t batch, int64_t dp_ranks) {
+  const int64_t k = std::max(kDeterministicMaxRanks, dp_ranks);
+  if (batch % k != 0) {
+    throw ValueError(str_cat(
+        "train: --deterministic cuts the step's batch into ", k, " micro-batches of one size, so that ",
+        k == kDeterministicMaxRanks ? "1, 2, 4 and 8" : str_cat("every power of 2 up to ", k),
+        " data-parallel ranks sum the same tree, but --batch ", batch, " is not a multiple of ", k,
+        ". Use --batch ", k, ", ", 2 * k, ", ", 3 * k,
+        ", ... (the nearest: ", batch < k ? str_cat(k) : str_cat(batch / k * k, " or ", (batch / k + 1) * k),
+        "), or give --accumulation yourself (the ranks times a power of 2, dividing --batch: the same bits "
+        "then at the world sizes it allows)."));
+  }
+  return k;
+}
 
 double process_memory_mib(const std::string& field) {
   std::ifstream status("/proc/self/status");
@@ -296,7 +344,7 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
     pc.buckets.reduce_dtype = optim::compute_dtype(optim::parse_precision(o_.reduce_dtype));
   }
   const parallel::Strategy strategy = parallel::validate_parallel_config(pc, ws);
-  if (o_.batch / o_.accumulation < n_) {
+  if (!o_.deterministic && o_.batch / o_.accumulation < n_) {  // (deterministic: whole micro-batches a rank)
     throw ValueError(str_cat("train: --batch ", o_.batch, " in ", o_.accumulation, " micro-batches gives ",
                              o_.batch / o_.accumulation, " samples per micro-batch, fewer than the ", n_,
                              " data-parallel ranks; each needs at least one. Use --batch of at least ",
@@ -310,7 +358,21 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
           " micro-batches of one size, spread evenly over the ", n_,
           " data-parallel ranks, a power of 2 on each: --accumulation must divide --batch and be the ranks "
           "times 1, 2, 4, ... (e.g. --accumulation ",
-          n_ * 4, " with --batch a multiple of it)."));
+          n_ * 4, " with --batch a multiple of it), or leave --accumulation out: dtrain train then chooses ",
+          "one that gives the same bits at 1, 2, 4 and 8 ranks."));
+    }
+    // Reductions split over threads sum in another order: the same bits at every world size need the same
+    // thread count on every rank, whatever the launcher gave each (cores / ranks).
+    if (const int threads = at::get_num_threads(); threads != 1) {
+      at::set_num_threads(1);
+      if (lead()) {
+        std::printf(
+            "dtrain train: deterministic: intra-op threads pinned to 1 (were %d): a thread count that "
+            "differs "
+            "between world sizes would change the order of sums\n",
+            threads);
+        std::fflush(stdout);
+      }
     }
   }
   const optim::Precision precision = optim::parse_precision(o_.precision);
@@ -319,7 +381,7 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   loss_rides_ = strategy == parallel::Strategy::kDataParallel && o_.tp == 1 && !o_.deterministic &&
                 (pc.buckets.reduce_dtype ? *pc.buckets.reduce_dtype == at::kFloat
                                          : precision == optim::Precision::kFp32);
-  if (loss_rides_) pc.buckets.side_values = 1 + ws;
+  if (loss_rides_) pc.buckets.side_values = 3 + ws;  // run_step's values
   optim::LossScalerOptions scaler = o_.scaler;
   scaler.initial_scale = std::pow(2.0, o_.initial_scale_power);
   if (o_.loss_scale > 0) {
@@ -427,7 +489,7 @@ double Trainer::evaluate(const BatchFn& eval, int64_t batches) {
   return sum / static_cast<double>(batches);
 }
 
-void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss) {
+void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
   comm::timeline::take_wait_seconds();  // (from here: this step's)
   const Batch global = batches_(step);
   if (global.empty())
@@ -440,8 +502,9 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss) {
   }
   const int64_t ws = world_->group_size();
   par_->zero_grad();
-  double share = 0;   // this rank's part of the global mean loss
-  at::Tensor values;  // [0]: the loss; [1 + r]: rank r's resident memory (MiB)
+  double share = 0;  // this rank's part of the global mean loss
+  // [0]: the loss; [1 + r]: rank r's resident memory (MiB); [1 + ws], [2 + ws]: rank 0's Log::lead_values
+  at::Tensor values;
   // deterministic: micro-batches of a fixed size, rank r taking micro-batches r*c .. r*c + c - 1, each loss
   // scaled by 1/K (the engine sums); otherwise each rank its rows of every micro-batch, averaged over ranks
   const int64_t c = o_.deterministic ? o_.accumulation / n_ : o_.accumulation;
@@ -462,9 +525,12 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss) {
     const double weight = static_cast<double>(mine.count) / static_cast<double>(o_.batch);
     share += loss.item<double>() * weight;
     if (last) {
-      values = at::zeros({1 + ws}, at::kDouble);
+      values = at::zeros({3 + ws}, at::kDouble);
       values[0] = share;
       if (want_loss) values[1 + world_->group_rank()] = rss_mib();  // (a read of /proc: logged steps only)
+      const std::array<double, 2> lead = log.lead_values(step);
+      values[1 + ws] = lead[0];
+      values[2 + ws] = lead[1];
       if (loss_rides_) par_->data_parallel()->reduce_with_gradients(values);  // rides with the gradients
     }
     // (16-bit: the loss scaled in fp32, so that the scale itself cannot overflow the format)
@@ -485,10 +551,14 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss) {
   }
   optimizer_span.reset();
   info.loss = std::numeric_limits<double>::quiet_NaN();
-  if (want_loss) {
-    comm::timeline::Span loss_span("loss for the log", "comm");
-    if (!loss_rides_) world_->all_reduce(values)->wait();
+  if (want_loss || loss_rides_) {  // (riding, every step's loss is known at no cost)
+    if (!loss_rides_) {
+      comm::timeline::Span loss_span("loss for the log", "comm");
+      world_->all_reduce(values)->wait();
+    }
     info.loss = values[0].item<double>() / static_cast<double>(o_.tp);  // a tp group's ranks: the same share
+    const auto* v = values.data_ptr<double>();
+    log.agree(step, v[1 + ws], v[2 + ws]);
   }
   last_rss_.assign(values.data_ptr<double>() + 1, values.data_ptr<double>() + 1 + ws);
   if (!want_loss) last_rss_.clear();
@@ -539,7 +609,7 @@ void Trainer::fit() {
       info.step = step;
       {
         comm::timeline::Span span("step");
-        run_step(step, info, want);
+        run_step(step, info, want, log);
       }
       info.seconds = log.seconds();
       if (step == o_.steps) last_step_comm_ = tensor::CommLog::instance().summary();

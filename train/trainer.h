@@ -109,6 +109,14 @@ struct TrainerOptions {
 // 0 where /proc does not say.
 double process_memory_mib(const std::string& field);
 
+// Deterministic mode's default micro-batch count: the step's batch cut into this many micro-batches of one
+// size gives bitwise the same parameters at every power-of-2 number of data-parallel ranks up to
+// kDeterministicMaxRanks (1, 2, 4, 8), or up to `dp_ranks` when that is larger: each rank sums its own
+// micro-batches as a subtree of one balanced tree. ValueError, naming the batch sizes that would do, when
+// `batch` is not a multiple of it.
+constexpr int64_t kDeterministicMaxRanks = 8;
+int64_t deterministic_accumulation(int64_t batch, int64_t dp_ranks);
+
 // Checks `o` alone (no world yet): ValueError naming the option, its value and what is allowed.
 void check_trainer_options(const TrainerOptions& o);
 // The learning rate of step `step` (1-based) under `o`'s schedule.
@@ -194,7 +202,7 @@ class Trainer {
  private:
   class Log;
   // One optimizer step; fills `info` (the global loss only with want_loss).
-  void run_step(int64_t step, StepInfo& info, bool want_loss);
+  void run_step(int64_t step, StepInfo& info, bool want_loss, Log& log);
   void resume_or_import();
   void write_timeline();  // collective
 
