@@ -23,6 +23,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace dtrain::checkpoint {
 
@@ -296,6 +297,7 @@ std::string save(const std::string& root, int64_t step, const std::vector<Piece>
     char file[32];
     std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
     info = write_shard(partial + "/" + file, blocks, rank, step);
+    test_freeze_point("save", step);
   });
   nlohmann::json summary{{"name", info.name},
                          {"bytes", info.bytes},

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace dtrain::comm {
 
@@ -119,6 +120,7 @@ OpInfo Backend::begin(const char* op, std::vector<int> peers, const Timeout& tim
   if (collective) {
     info.seq = ++collective_seq_;
     board_->enter(info.seq, op);
+    if (group_id_ == "world") test_freeze_point("collective", static_cast<int64_t>(info.seq));
     std::shared_ptr<ProgressBoard> board = board_;
     uint64_t seq = info.seq;
     std::vector<int> waited = info.peers;

@@ -1,6 +1,7 @@
 // BoundedStore and run_bounded; see bounded_store.h.
 #include "comm/bounded_store.h"
 
+#include <atomic>
 #include <deque>
 #include <thread>
 
@@ -8,6 +9,7 @@
 #include "comm/failing.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace dtrain::comm {
 
@@ -74,6 +76,8 @@ struct BoundedStore::State {
         busy_since = StoreClock::now();
       }
       std::exception_ptr error;
+      static std::atomic<int64_t> sent{0};  // (this process's store accesses, for the test hook)
+      test_freeze_point("store", ++sent);
       if (StoreClock::now() >= task.deadline) {
         error = std::make_exception_ptr(CommError("the caller stopped waiting before the call started"));
       } else {

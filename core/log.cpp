@@ -21,13 +21,17 @@ LogLevel initial_level() {
 }
 
 std::atomic<int> g_level{static_cast<int>(initial_level())};
+std::atomic<int> g_rank{-1};
 
 }  // namespace
 
 void set_log_rank(int rank, int world_size) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_prefix = str_cat("[rank ", rank, "/", world_size, "]");
+  g_rank = rank;
 }
+
+int log_rank() { return g_rank; }
 
 std::string rank_prefix() {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -14,6 +14,8 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 void set_log_rank(int rank, int world_size);
 // "[rank r/N]" (or "" before set_log_rank): the prefix that comm and mesh errors start with.
 std::string rank_prefix();
+// The rank set_log_rank was given (-1 before).
+int log_rank();
 // Minimum level printed; DTRAIN_LOG_LEVEL=debug|info|warn|error sets it at start-up (init() rejects any
 // other value with a ValueError; before init() a bad value leaves info).
 void set_log_level(LogLevel level);

@@ -1,7 +1,7 @@
 // Fault tier, exit paths (CTest label `fault`): how fast a job ends once a rank is gone. A rank killed
-// (SIGKILL) is named as dead by the others in under 2 s, wherever its launcher is; a rank frozen (SIGSTOP) at
-// any point of a run ends the job within the timeout + 10 s, every time, since no exit path starts a new
-// deadline of its own.
+// (SIGKILL) is named as gone by the others in under 2 s, wherever its launcher is; a rank frozen (SIGSTOP) at
+// any point of a run (core/test_hooks.h) ends the job within the timeout and a few seconds, every time, since
+// no exit path starts a new deadline of its own (comm/failing.h).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -112,6 +112,139 @@ TEST(FaultDeadPeer, KilledRankUnderMpiEndsTheJobWithinTwoSeconds) {
   EXPECT_NE(out.find("signal 9"), std::string::npos) << out;
   std::printf("the job ended %.2f s after the kill:\n%s", took, out.c_str());
   fs::remove_all(dir);
+}
+
+// --- A frozen rank (SIGSTOP) at each point of a run -------------------------------------------------------
+
+constexpr int kFreezeTimeout = 4;  // DTRAIN_TIMEOUT, seconds
+constexpr int kFreezeGrace = 1;    // dtrain run --stop-grace, seconds
+// The job must end within the timeout + this after the freeze: the survivors' exit (the exit budget of
+// comm/failing.h, 2 s at most), the launcher's grace before SIGKILL, and a step of compute after the freeze.
+// A path that started a new deadline of its own would take another timeout (4 s) and fail it.
+constexpr double kFreezeSlack = kFreezeGrace + 3.0;
+
+// `dtrain train`'s own GPT (its gradients in more than one bucket: a frozen rank leaves the later buckets
+// queued behind the first, which an exit path must not start), training until the freeze.
+const std::vector<std::string> kTrainArgs{"--log-every", "1000", "--steps", "100000"};
+
+struct FreezeCase {
+  int rank;           // the rank that freezes
+  std::string point;  // core/test_hooks.h
+  int n;
+};
+
+std::string freeze_name(const FreezeCase& c) {
+  return "rank " + std::to_string(c.rank) + " at " + c.point + " " + std::to_string(c.n);
+}
+
+// When the frozen rank stopped, from its own line in `output` (steady-clock ms); -1 when it did not.
+double frozen_at_ms(const std::string& output) {
+  const auto at = output.find("(monotonic ms ");
+  return at == std::string::npos ? -1 : std::atof(output.c_str() + at + 14);
+}
+
+double now_ms() { return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count(); }
+
+// Checks one run: the freeze happened, the job (the launcher in `out`) ended with an error within the
+// timeout + kFreezeSlack of it.
+void expect_ended_in_time(const FreezeCase& c, const std::string& what, const std::string& out,
+                          double ended_ms) {
+  const double frozen = frozen_at_ms(out);
+  ASSERT_GE(frozen, 0) << what << ": the rank never froze\n" << out;
+  const double took = (ended_ms - frozen) / 1000;
+  EXPECT_LT(took, kFreezeTimeout + kFreezeSlack)
+      << what << ": the job ended " << took << " s after the freeze\n"
+      << out;
+  EXPECT_NE(out.find("error"), std::string::npos) << what << "\n" << out;
+  std::printf("%s: ended %.1f s after the freeze (timeout %d s, grace %d s)\n", what.c_str(), took,
+              kFreezeTimeout, kFreezeGrace);
+}
+
+// 3 ranks under one launcher; each case twice, so that an outcome of one run in two cannot pass.
+class FreezeOneLauncher : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FreezeOneLauncher, JobEndsWithinTheTimeoutAtEveryPoint) {
+  const std::vector<FreezeCase> cases{
+      {0, "collective", 40}, {1, "step", 6}, {0, "store", 40}, {2, "save", 4}, {0, "start", 0}};
+  for (const FreezeCase& c : cases) {
+    for (int round = 0; round < 2; ++round) {
+      const fs::path dir = temp_dir();
+      std::vector<std::string> argv{
+          DTRAIN_BINARY, "run",         "-n",           "3",
+          "--backend",   GetParam(),    "--stop-grace", std::to_string(kFreezeGrace),
+          "--",          DTRAIN_BINARY, "train"};
+      argv.insert(argv.end(), kTrainArgs.begin(), kTrainArgs.end());
+      argv.insert(argv.end(), {"--save-every", "4", "--save", (dir / "ckpt").string()});
+      Child job =
+          spawn(argv,
+                {{"DTRAIN_TIMEOUT", std::to_string(kFreezeTimeout)},
+                 {"DTRAIN_TEST_FREEZE", std::to_string(c.rank) + ":" + c.point + ":" + std::to_string(c.n)}},
+                dir / "job.txt");
+      const double limit = 60;
+      const double took = seconds_until_exit(job, limit);
+      const double ended = now_ms();
+      const std::string what = GetParam() + ", " + freeze_name(c) + ", round " + std::to_string(round);
+      EXPECT_LT(took, limit) << what << ": the job did not end\n" << read_file(dir / "job.txt");
+      expect_ended_in_time(c, what, read_file(dir / "job.txt"), ended);
+      fs::remove_all(dir);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FreezeOneLauncher, ::testing::Values("gloo", "mpi"));
+
+// Two launchers on one host (gloo), one rank each: the survivor's launcher ends within the timeout + slack
+// of the other rank's freeze, the store's host frozen or not. (The frozen rank's own launcher has nothing
+// to learn the end from; the test ends it.)
+TEST(FreezeTwoLaunchers, SurvivorsLauncherEndsWithinTheTimeout) {
+  const std::vector<FreezeCase> cases{{1, "collective", 40}, {0, "step", 6}, {1, "store", 40}};
+  for (const FreezeCase& c : cases) {
+    for (int round = 0; round < 2; ++round) {
+      const fs::path dir = temp_dir();
+      const std::string port = std::to_string(free_port());
+      std::vector<Child> nodes;
+      for (int node = 0; node < 2; ++node) {
+        std::vector<std::string> argv{DTRAIN_BINARY,
+                                      "run",
+                                      "-n",
+                                      "1",
+                                      "--nnodes",
+                                      "2",
+                                      "--node-rank",
+                                      std::to_string(node),
+                                      "--master-addr",
+                                      "127.0.0.1",
+                                      "--master-port",
+                                      port,
+                                      "--backend",
+                                      "gloo",
+                                      "--stop-grace",
+                                      std::to_string(kFreezeGrace),
+                                      "--",
+                                      DTRAIN_BINARY,
+                                      "train"};
+        argv.insert(argv.end(), kTrainArgs.begin(), kTrainArgs.end());
+        nodes.push_back(spawn(
+            argv,
+            {{"DTRAIN_TIMEOUT", std::to_string(kFreezeTimeout)},
+             {"DTRAIN_JOB_SECRET", "two-launchers"},
+             {"DTRAIN_TEST_FREEZE", std::to_string(c.rank) + ":" + c.point + ":" + std::to_string(c.n)}},
+            dir / ("node" + std::to_string(node) + ".txt")));
+      }
+      const int survivor = 1 - c.rank;
+      const double took = seconds_until_exit(nodes[survivor], 60);
+      const double ended = now_ms();
+      const std::string what = "two launchers, " + freeze_name(c) + ", round " + std::to_string(round);
+      const std::string out = read_file(dir / ("node" + std::to_string(c.rank) + ".txt")) + "\n--- node " +
+                              std::to_string(survivor) + ":\n" +
+                              read_file(dir / ("node" + std::to_string(survivor) + ".txt"));
+      EXPECT_LT(took, 60) << what << ": the survivor's launcher did not end\n" << out;
+      expect_ended_in_time(c, what, out, ended);
+      ::kill(nodes[c.rank].pid, SIGKILL);  // its rank dies with it (the parent-death signal)
+      finish(nodes[c.rank], 10s);
+      fs::remove_all(dir);
+    }
+  }
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "checkpoint/training_state.h"
 #include "comm/timeline.h"
 #include "core/error.h"
+#include "core/test_hooks.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
 #include "parallel/data_parallel.h"
@@ -364,6 +365,9 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
     // Reductions split over threads sum in another order: the same bits at every world size need the same
     // thread count on every rank, whatever the launcher gave each (cores / ranks).
     if (const int threads = at::get_num_threads(); threads != 1) {
+      // (the variables too: a BLAS that reads its own at its first call, e.g. MKL, then agrees)
+      for (const char* v : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+        ::setenv(v, "1", 1);
       at::set_num_threads(1);
       if (lead()) {
         std::printf(
@@ -602,6 +606,7 @@ void Trainer::fit() {
     }
     for (int64_t step = first_step_; step <= o_.steps; ++step) {
       test_kill_at_step(world_->group_rank(), step);
+      test_freeze_point("step", step);
       tensor::CommLog::instance().clear();  // the log then holds one step
       bool want = log.wants(step);
       for (auto& cb : callbacks_) want = cb->wants_loss(step) || want;

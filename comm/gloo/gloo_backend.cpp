@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -343,14 +344,15 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
       shm_(std::move(shm)) {}
 
 // The issuer thread may be waiting on the shared board, or for an earlier collective, for ranks that will not
-// come: it gives up at once. In a failing process (comm/failing.h) nothing here may wait for the engine:
+// come: it gives up at once. In a failing process (comm/failing.h), or one an exception is leaving, nothing
+// here may wait for the engine:
 // c10d's destructor would join worker threads still inside collectives with peers that froze or died, each
 // until Gloo's own timeout, so the process group and the waiter thread are left to the process's exit.
 GlooBackend::~GlooBackend() {
   closing_->store(true);
   { std::lock_guard<std::mutex> lock(sequencer_->mu); }
   sequencer_->cv.notify_all();
-  if (failing()) {
+  if (failing() || std::uncaught_exceptions() > 0) {
     issuer_.reset();  // its queued collectives settle at once (failing: none reaches c10d)
     (void)waiter_.release();
     (void)pg_.release();

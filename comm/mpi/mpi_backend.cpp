@@ -10,6 +10,7 @@
 #include <climits>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "comm/mpi/detail/comm_thread.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/test_hooks.h"
 
 namespace dtrain::comm {
 
@@ -151,7 +153,9 @@ struct MpiBackend::Environment {
   }
 
   ~Environment() {
-    if (g_mpi_failed) return;
+    // MPI_Finalize waits for every rank: not after a failure, nor while an exception leaves this rank (the
+    // others may be waiting in a collective for it)
+    if (g_mpi_failed || failing() || std::uncaught_exceptions() > 0) return;
     for (auto& row : ops16) {
       for (auto& op : row) MPI_Op_free(&op);
     }
@@ -245,6 +249,7 @@ std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds t
     so.port = setup->port;
     so.secret = setup->secret;
     c10::intrusive_ptr<BoundedStore> store = open_job_store(so).store;
+    test_freeze_point("start", 0);
     std::vector<int> global(setup->size);
     for (int r = 0; r < setup->size; ++r) global[r] = r;
     return std::shared_ptr<MpiBackend>(
@@ -267,9 +272,11 @@ MpiBackend::MpiBackend(std::shared_ptr<Environment> env, std::shared_ptr<detail:
       p2p_comm_(p2p_comm) {}
 
 MpiBackend::~MpiBackend() {
-  // In a failing process (comm/failing.h) nothing here may wait for MPI: a peer that froze or died holds
-  // MPI_Comm_free and MPI_Finalize without end, so the threads are left and MPI is not finalised.
-  bool failed = thread_->failed() || (p2p_thread_ && p2p_thread_->failed()) || failing();
+  // In a failing process (comm/failing.h), or one that an exception is leaving, nothing here may wait for
+  // MPI: a peer that froze, died or waits for this rank holds MPI_Comm_free and MPI_Finalize without end, so
+  // the threads are left and MPI is not finalised.
+  bool failed = thread_->failed() || (p2p_thread_ && p2p_thread_->failed()) || failing() ||
+                std::uncaught_exceptions() > 0;
   if (failed) {
     thread_->abandon();
     if (p2p_thread_) p2p_thread_->abandon();
