@@ -170,8 +170,9 @@ const std::vector<Entry>& entries() {
         [](TrainOptions& o) -> int64_t& { return o.bucket_bytes; }, Kind::kBytes));
     v.push_back(bool_key("strategy.deterministic", "--deterministic",
                          "Bitwise the same parameters at any power-of-2 number of data-parallel ranks (dp, "
-                         "zero1-3; the same intra-op threads per rank): the global batch is cut into "
-                         "--accumulation fixed micro-batches, their gradients summed as one balanced tree",
+                         "zero1-3; one intra-op thread per rank, pinned): the global batch is cut into "
+                         "--accumulation fixed micro-batches (unset: 8, for 1, 2, 4 and 8 ranks; the batch "
+                         "must then be a multiple of 8), their gradients summed as one balanced tree",
                          [](TrainOptions& o) -> bool& { return o.deterministic; }));
     v.push_back(
         bool_key("strategy.checkpoint_activations", "--checkpoint-activations",
