@@ -4,7 +4,10 @@
 // rank's. Prints one JSON line per round and size on rank 0: the medians of both sides, their minimums, and
 // the paired overhead = median over iterations of (with - without) / median(without). Pairing the two calls
 // of one iteration cancels the slow drifts of a busy machine that move the medians of either side by ~10%.
-//   dtrain run -n 2 --backend gloo -- build/bench/agreement_cost [--iters N] [--rounds R]
+// --aa 1 runs the same pairing with the check on both sides (an A/A run: the spread the machine alone gives
+// the paired figure); --min-bytes B starts the sweep at B.
+//   dtrain run -n 2 --backend gloo -- build/bench/agreement_cost [--iters N] [--rounds R] [--aa 1]
+//       [--min-bytes B]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -31,15 +34,19 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int iters = 0, rounds = 3;
+  bool aa = false;
+  int64_t min_bytes = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--iters") iters = std::stoi(argv[i + 1]);
     if (std::string(argv[i]) == "--rounds") rounds = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--aa") aa = std::stoi(argv[i + 1]) != 0;
+    if (std::string(argv[i]) == "--min-bytes") min_bytes = std::stoll(argv[i + 1]);
   }
   at::set_num_threads(1);
   comm::BackendPtr world = comm::init();
   const int n = world->group_size();
   for (int round = 0; round < rounds; ++round) {
-    for (int64_t bytes = 1024; bytes <= (int64_t{64} << 20); bytes *= 4) {
+    for (int64_t bytes = min_bytes; bytes <= (int64_t{64} << 20); bytes *= 4) {
       const int64_t count = bytes / 4;
       const int it =
           iters > 0 ? iters : static_cast<int>(std::clamp<int64_t>((int64_t{1} << 30) / bytes, 20, 200));
@@ -50,7 +57,7 @@ int main(int argc, char** argv) {
           const int side = (i + k) % 2;
           comm::set_agreement_check(true);
           world->barrier()->wait();
-          comm::set_agreement_check(side == 0);
+          comm::set_agreement_check(side == 0 || aa);
           auto t0 = Clock::now();
           world->all_reduce(x)->wait();
           double t = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -69,6 +76,7 @@ int main(int argc, char** argv) {
       std::vector<double> diff(times[0].size());
       for (size_t i = 0; i < diff.size(); ++i) diff[i] = times[0][i] - times[1][i];
       nlohmann::json j{{"backend", world->name()},
+                       {"mode", aa ? "A/A (check on both sides)" : "with/without"},
                        {"ranks", n},
                        {"round", round},
                        {"bytes", bytes},

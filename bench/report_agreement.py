@@ -4,6 +4,9 @@ One row per backend and size over the rounds of the run: the medians of the call
 (median over rounds), the paired overhead (median over rounds of each round's median paired difference) and the
 range of the paired overhead across rounds.
 
+An A/A run (agreement_cost --aa 1: the check on both sides) is labelled "<backend> A/A": its "paired overhead" is
+what the machine's noise alone gives the paired figure.
+
 usage: python bench/report_agreement.py bench/out/agreement_*.jsonl
 """
 import collections
@@ -23,7 +26,7 @@ for path in sys.argv[1:]:
     rows = collections.defaultdict(list)
     for line in open(path):
         r = json.loads(line)
-        rows[(r["backend"], r["bytes"])].append(r)
+        rows[(r["backend"] + (" A/A" if r.get("mode", "").startswith("A/A") else ""), r["bytes"])].append(r)
     for (backend, b), rs in rows.items():
         med = lambda k: statistics.median(r[k] for r in rs)
         paired = [r["paired_overhead_pct"] for r in rs]

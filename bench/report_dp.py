@@ -1,5 +1,7 @@
-"""Reads bench/run_dp_vs_ddp.sh's metrics files and logs; prints the markdown table: median step time per side
-and size (steps 10 and later of every round, pooled), the ratio to DDP, and rank 0's peak resident memory."""
+"""Reads bench/run_dp_vs_ddp.sh's metrics files and logs; prints the markdown tables: median step time per side
+and size (steps 10 and later of every round, pooled), the ratio to DDP, and rank 0's peak resident memory; then
+scaling efficiency per round (one rank on half the batch / the 2-rank step), the machine's ceiling (one such run
+alone / two at once) and the efficiency counted against it, as the median over rounds with their range."""
 import glob
 import json
 import os
@@ -39,6 +41,46 @@ def main(out):
                     "zero_redundancy-gloo" if side.startswith("zero") else "ddp-gloo")
             ratio = med[side] / med[peer] if peer in med else float("nan")
             print(f"| {size} | {side} | {med[side]:.1f} | {ratio:.2f} (to {peer}) | {mem} |")
+    scaling(out)
+
+
+def median_step(path):
+    return statistics.median(step_times(path)) if os.path.exists(path) else float("nan")
+
+
+def spread(values):
+    v = [x for x in values if x == x]
+    if not v:
+        return "n/a"
+    return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+
+def scaling(out):
+    print()
+    print("| size | rounds | ceiling: 1 rank alone / two at once | dtrain gloo: efficiency (against the ceiling) | "
+          "dtrain mpi | PyTorch DDP | dtrain gloo / DDP | dtrain mpi / DDP |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for size in ("small", "medium"):
+        rounds = sorted(int(p.rsplit("-", 1)[1].split(".")[0])
+                        for p in glob.glob(os.path.join(out, f"one-{size}-*.jsonl")) if "pair" not in p)
+        if not rounds:
+            continue
+        ceil, eff, ratio = [], {k: [] for k in ("dtrain-gloo", "dtrain-mpi", "ddp-gloo")}, {"dtrain-gloo": [], "dtrain-mpi": []}
+        for r in rounds:
+            one = median_step(os.path.join(out, f"one-{size}-{r}.jsonl"))
+            ddp_one = median_step(os.path.join(out, f"ddp_one-{size}-{r}.jsonl"))
+            pair = [median_step(os.path.join(out, f"one-{size}-pair{r}-{x}.jsonl")) for x in "ab"]
+            ceil.append(one / max(pair))
+            two = {k: median_step(os.path.join(out, f"{k}-{size}-{r}.jsonl")) for k in eff}
+            eff["dtrain-gloo"].append(one / two["dtrain-gloo"])
+            eff["dtrain-mpi"].append(one / two["dtrain-mpi"])
+            eff["ddp-gloo"].append(ddp_one / two["ddp-gloo"])
+            for k in ratio:
+                ratio[k].append(two[k] / two["ddp-gloo"])
+        c = statistics.median(ceil)
+        cells = [f"{spread(eff[k])} ({statistics.median(eff[k]) / c:.2f})" for k in ("dtrain-gloo", "dtrain-mpi", "ddp-gloo")]
+        print(f"| {size} | {len(rounds)} | {spread(ceil)} | {' | '.join(cells)} | {spread(ratio['dtrain-gloo'])} | "
+              f"{spread(ratio['dtrain-mpi'])} |")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,12 @@
 # (bench/gpt_ddp.py, Gloo, its default 25 MB buckets), zero1/zero2 vs DDP with ZeroRedundancyOptimizer, and
 # zero3 (its default units, and one unit per block) vs FSDP2 (fully_shard on each block and the root), on
 # the same GPT from the same initial weights, 2 ranks, same launcher and thread settings,
-# alternating sides each round, at two sizes. Prints the markdown table for bench/RESULTS.md. Build first.
-#   bash bench/run_dp_vs_ddp.sh [OUT_DIR]        (ROUNDS=3 STEPS=60 by default)
+# alternating sides each round, at two sizes. Scaling efficiency: each round also runs one rank (one thread) on
+# half the global batch (each rank's own work) for dtrain and for PyTorch, alone and, for the machine's ceiling,
+# two such runs at the same time (2 ranks share 2 cores' memory bandwidth). Prints the markdown tables for
+# bench/RESULTS.md. Build first.
+#   bash bench/run_dp_vs_ddp.sh [OUT_DIR]        (ROUNDS=3 STEPS=60 by default; DP_ONLY=1: dp, DDP and the
+#                                                 scaling runs only, no ZeRO/FSDP rows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/build/apps/dtrain:$PATH
@@ -14,6 +18,20 @@ steps=${STEPS:-60}
 mkdir -p "$out"
 declare -A size=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 16"
                  [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16")
+declare -A half=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 8"
+                 [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 8")
+one_rank() {  # one rank, one thread, half the batch: dtrain (side "one") or PyTorch (side "ddp_one")
+  local side=$1 s=$2 tag=$3
+  if [ "$side" = one ]; then
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 dtrain run -n 1 -- dtrain train ${half[$s]} --steps "$steps" --log-every 100000 \
+      --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
+  else
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=1 dtrain run -n 1 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${half[$s]} \
+      --steps "$steps" --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
+  fi
+}
 # zero3 with a unit per block, as FSDP2's fully_shard per block (a block: 0.8 MB small, 3.2 MB medium)
 declare -A block=([small]=1M [medium]=4M)
 for s in small medium; do
@@ -27,6 +45,10 @@ for s in small medium; do
     # shellcheck disable=SC2086
     dtrain run -n 2 --backend mpi -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
       --metrics "$out/dtrain-mpi-$s-$r.jsonl" > "$out/dtrain-mpi-$s-$r.log" 2>&1
+    one_rank one "$s" "$r"
+    one_rank ddp_one "$s" "$r"
+    one_rank one "$s" "pair$r-a" & one_rank one "$s" "pair$r-b" & wait  # the ceiling: two at once
+    [ -n "${DP_ONLY:-}" ] && continue
     # shellcheck disable=SC2086
     dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
       --strategy zero1 --metrics "$out/zero1-gloo-$s-$r.jsonl" > "$out/zero1-gloo-$s-$r.log" 2>&1
