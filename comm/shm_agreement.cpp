@@ -115,11 +115,15 @@ void ShmAgreement::sign_slot() {
 bool ShmAgreement::exited(int r, int* pid) const {
   const Slot& peer = slot(r);
   if (pid) *pid = static_cast<int>(peer.pid);
-  if (r == rank_ || peer.pid <= 0 || peer.pid_ns == 0 || peer.pid_ns != pid_namespace()) return false;
+  // (nothing is concluded where /proc could not be read, by the peer for itself or here)
+  if (r == rank_ || peer.pid <= 0 || peer.start_time == 0 || peer.pid_ns == 0 ||
+      peer.pid_ns != pid_namespace()) {
+    return false;
+  }
   char state = 0;
   uint64_t start = 0;
-  if (!process_stat(static_cast<int>(peer.pid), &state, &start)) return true;  // gone, and reaped
-  return state == 'Z' || state == 'X' || (peer.start_time != 0 && start != peer.start_time);
+  if (!process_stat(static_cast<int>(peer.pid), &state, &start)) return true;       // gone, and reaped
+  return state == 'Z' || state == 'X' || (start != 0 && start != peer.start_time);  // (0: not parsed)
 }
 
 ShmAgreement::~ShmAgreement() {

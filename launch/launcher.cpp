@@ -8,6 +8,8 @@
 //                            descendants), arm the SIGKILL deadline, reap it
 //   signal to launcher    -> forward it to every group and arm the deadline; a second one sends SIGKILL
 //   deadline passed       -> SIGKILL every unreaped group
+//   rank 0's store gone   -> (node 1, 2, ... under gloo) ranks still running 3 s later are stopped as after a
+//                            failed child: the job ended on another node (a job that ends well ends here too)
 // The attempt ends when every child is reaped; what is left in the pipes is relayed, then one summary line is
 // printed.
 #include "launch/launcher.h"
@@ -35,6 +37,7 @@
 #include "core/random.h"
 #include "launch/detail/line_relay.h"
 #include "launch/detail/rank_process.h"
+#include "launch/detail/store_watch.h"
 #include "launch/rank_env.h"
 
 namespace dtrain::launch {
@@ -227,6 +230,7 @@ class Group {
       return;
     }
     const int port = opts_.master_port != 0 ? opts_.master_port : pick_free_port(opts_.master_addr);
+    if (opts_.node_rank > 0) store_watch_.emplace(opts_.master_addr, port);
     for (int local_rank = 0; local_rank < opts_.nproc; ++local_rank) {
       const int rank = opts_.node_rank * opts_.nproc + local_rank;
       auto env = rank_env(opts_, local_rank, restart_count, port, cores, parent_env);
@@ -251,6 +255,10 @@ class Group {
         }
       }
       int timeout_ms = have_pidfds ? -1 : 50;  // without pidfds, look for exits on a timer
+      if (store_watch_ && !stopping()) {
+        const int due = store_gone_at_ ? 100 : store_watch_->due_in_ms();
+        timeout_ms = timeout_ms < 0 ? due : std::min(timeout_ms, due);
+      }
       if (deadline_ && !killed_) {
         auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline_ - Clock::now()).count();
         timeout_ms = timeout_ms < 0 ? static_cast<int>(std::max<long>(0, left))
@@ -268,6 +276,13 @@ class Group {
       }
       for (auto& c : children_) {
         if (!c->reaped() && c->exited()) on_exit(*c);
+      }
+      if (store_watch_ && !stopping()) {
+        if (!store_gone_at_ && store_watch_->gone()) store_gone_at_ = Clock::now();
+        if (store_gone_at_ && Clock::now() >= *store_gone_at_ + kStoreGoneWait) {
+          store_gone_ = true;
+          stop(SIGTERM);
+        }
       }
       if (deadline_ && !killed_ && Clock::now() >= *deadline_)
         kill_all(str_cat("after the ", opts_.stop_grace.count(), " ms grace period"));
@@ -330,6 +345,14 @@ class Group {
                                      " ms earlier, while the others ran: look there first\n"));
       }
     }
+    if (store_gone_ && !failure_) {
+      r.ok = false;
+      detail::write_all(2,
+                        str_cat("dtrain run: the job's store at ", store_watch_->where(),
+                                " (rank 0's) stopped answering: rank 0 exited, so the job ended on another "
+                                "node; stopped this node's ranks",
+                                forced, "\n"));
+    }
     if (interrupted_by_) {
       r.ok = false;
       r.interrupted_by = interrupted_by_;
@@ -358,7 +381,13 @@ class Group {
   std::string kill_reason_;  // why SIGKILL was sent, for the summary line
   int interrupted_by_ = 0;
   std::optional<Failure> failure_;
-  std::optional<Failure> first_exit_;  // the first child to exit, successful or not
+  std::optional<Failure> first_exit_;               // the first child to exit, successful or not
+  std::optional<detail::StoreWatch> store_watch_;   // node 1, 2, ...: rank 0's store port
+  std::optional<Clock::time_point> store_gone_at_;  // when the watch saw it refuse after it had answered
+  bool store_gone_ = false;                         // ranks were still running kStoreGoneWait later
+  // How long this node's ranks may take to end by themselves once rank 0's store is gone (they end at once
+  // when the job ended well, or when their peers' connections reset).
+  static constexpr std::chrono::seconds kStoreGoneWait{3};
 };
 
 }  // namespace

@@ -194,8 +194,9 @@ TEST_P(FreezeOneLauncher, JobEndsWithinTheTimeoutAtEveryPoint) {
 INSTANTIATE_TEST_SUITE_P(Backends, FreezeOneLauncher, ::testing::Values("gloo", "mpi"));
 
 // Two launchers on one host (gloo), one rank each: the survivor's launcher ends within the timeout + slack
-// of the other rank's freeze, the store's host frozen or not. (The frozen rank's own launcher has nothing
-// to learn the end from; the test ends it.)
+// of the other rank's freeze, the store's host frozen or not. A frozen rank on node 1 is stopped by its own
+// launcher once rank 0's store is gone; node 0's launcher has nothing to learn the end from (the test ends
+// it).
 TEST(FreezeTwoLaunchers, SurvivorsLauncherEndsWithinTheTimeout) {
   const std::vector<FreezeCase> cases{{1, "collective", 40}, {0, "step", 6}, {1, "store", 40}};
   for (const FreezeCase& c : cases) {
@@ -240,7 +241,17 @@ TEST(FreezeTwoLaunchers, SurvivorsLauncherEndsWithinTheTimeout) {
                               read_file(dir / ("node" + std::to_string(survivor) + ".txt"));
       EXPECT_LT(took, 60) << what << ": the survivor's launcher did not end\n" << out;
       expect_ended_in_time(c, what, out, ended);
-      ::kill(nodes[c.rank].pid, SIGKILL);  // its rank dies with it (the parent-death signal)
+      if (c.rank != 0) {
+        // The frozen rank's own launcher (not the store's host) sees rank 0's store go and stops it: within
+        // the timeout + 10 s of the freeze (its 3 s wait for the ranks to end by themselves, the grace).
+        seconds_until_exit(nodes[c.rank], 15);
+        const double took = (now_ms() - frozen_at_ms(out)) / 1000;
+        const std::string own = read_file(dir / ("node" + std::to_string(c.rank) + ".txt"));
+        EXPECT_LT(took, kFreezeTimeout + 10) << what << ": the frozen rank's launcher\n" << own;
+        EXPECT_NE(own.find("stopped answering: rank 0 exited"), std::string::npos) << own;
+        std::printf("%s: the frozen rank's launcher ended %.1f s after the freeze\n", what.c_str(), took);
+      }
+      ::kill(nodes[c.rank].pid, SIGKILL);  // (node 0's: its rank dies with it, the parent-death signal)
       finish(nodes[c.rank], 10s);
       fs::remove_all(dir);
     }
