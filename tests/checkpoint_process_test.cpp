@@ -240,7 +240,7 @@ TEST(CheckpointDeterministic, ResumedAtOtherWorldSizesBitForBit) {
 TEST(CheckpointDeterministic, DefaultCommandGivesTheSameBitsAtOneTwoAndFourRanks) {
   for (const char* v : {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) unsetenv(v);
   const fs::path dir = temp_dir();
-  std::string first;
+  std::string first, first_digest;
   for (int n : {1, 2, 4}) {
     const fs::path s = dir / ("n" + std::to_string(n));
     Finished f = finish(spawn({DTRAIN_BINARY, "run", "-n", std::to_string(n), "--", DTRAIN_BINARY, "train",
@@ -251,11 +251,16 @@ TEST(CheckpointDeterministic, DefaultCommandGivesTheSameBitsAtOneTwoAndFourRanks
     EXPECT_NE(f.output.find("deterministic: accumulation 8 (8 micro-batches of 2 sequences"),
               std::string::npos)
         << f.output;
+    const auto at = f.output.find("parameter digest ");
+    ASSERT_NE(at, std::string::npos) << f.output;
+    const std::string digest = f.output.substr(at + 17, 16);
     if (n == 1) {
       EXPECT_NE(f.output.find("intra-op threads pinned to 1 (were 2)"), std::string::npos) << f.output;
       first = (s / "step-00000012").string();
+      first_digest = digest;
       continue;
     }
+    EXPECT_EQ(digest, first_digest) << "the digest at " << n << " ranks against 1 rank's";
     expect_same_state(first, (s / "step-00000012").string(), {"model/"}, 0,
                       "parameters at " + std::to_string(n) + " ranks against 1 rank's");
   }

@@ -276,6 +276,22 @@ double available_memory_bytes() {
   return 0;
 }
 
+// FNV-1a over every parameter's bytes in registration order: runs with the same digest have the same bits
+// (what --deterministic promises across world sizes). Where each rank holds every parameter whole (no ZeRO-3,
+// no tensor parallel); "" elsewhere.
+std::string parameter_digest(torch::nn::Module& m, int zero_stage, int64_t tp) {
+  if (zero_stage == 3 || tp > 1) return "";
+  uint64_t h = 1469598103934665603ull;
+  for (const at::Tensor& p : m.parameters()) {
+    const at::Tensor c = p.detach().contiguous();
+    const auto* b = static_cast<const uint8_t*>(c.data_ptr());
+    for (int64_t i = 0, n = c.numel() * c.element_size(); i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
 }  // namespace
 
 void resolve_options(TrainOptions& o, int64_t world_size, int64_t params, double available_bytes) {
@@ -432,6 +448,7 @@ int train_gpt(const TrainOptions& options) {
   const int64_t first_step = trainer.first_step();
   trainer.fit();
   if (!report->measured) report->measure(trainer);
+  const std::string digest = lead ? parameter_digest(*gpt, zero_stage, o.tp) : "";
   const std::string sample = o.sample_bytes > 0 && o.tp == 1 ? generate(gpt, o, T) : "";
   if (lead) {
     print_end(o, trainer, report->val, trainer.last_step_comm(), first_step);
@@ -449,6 +466,12 @@ int train_gpt(const TrainOptions& options) {
       }
     }
     print_memory(o, trainer, *report, zero_stage, gpt);
+    if (!digest.empty()) {
+      std::printf(
+          "dtrain train: parameter digest %s (FNV-1a of every parameter's bytes: the same digest, the same "
+          "bits)\n",
+          digest.c_str());
+    }
   }
   world->barrier()->wait();
   return 0;
