@@ -56,6 +56,7 @@ def spread(values):
 
 
 def scaling(out):
+    singles = []
     print()
     print("| size | rounds | ceiling: 1 rank alone / two at once | dtrain gloo: efficiency (against the ceiling) | "
           "dtrain mpi | PyTorch DDP | dtrain gloo / DDP | dtrain mpi / DDP |")
@@ -77,10 +78,18 @@ def scaling(out):
             eff["ddp-gloo"].append(ddp_one / two["ddp-gloo"])
             for k in ratio:
                 ratio[k].append(two[k] / two["ddp-gloo"])
+        single = [median_step(os.path.join(out, f"single-{size}-{r}.jsonl")) /
+                  median_step(os.path.join(out, f"ddp_single-{size}-{r}.jsonl")) for r in rounds]
+        singles.append((size, spread(single)))
         c = statistics.median(ceil)
         cells = [f"{spread(eff[k])} ({statistics.median(eff[k]) / c:.2f})" for k in ("dtrain-gloo", "dtrain-mpi", "ddp-gloo")]
         print(f"| {size} | {len(rounds)} | {spread(ceil)} | {' | '.join(cells)} | {spread(ratio['dtrain-gloo'])} | "
               f"{spread(ratio['dtrain-mpi'])} |")
+    print()
+    print("| size | one process, 2 threads: dtrain / PyTorch (median over rounds, range) |")
+    print("|---|---:|")
+    for size, cell in singles:
+        print(f"| {size} | {cell} |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 # half the global batch (each rank's own work) for dtrain and for PyTorch, alone and, for the machine's ceiling,
 # two such runs at the same time (2 ranks share 2 cores' memory bandwidth). Prints the markdown tables for
 # bench/RESULTS.md. Build first.
+# One process at 2 threads on the whole batch, dtrain against PyTorch, gives the one-rank comparison.
 #   bash bench/run_dp_vs_ddp.sh [OUT_DIR]        (ROUNDS=3 STEPS=60 by default; DP_ONLY=1: dp, DDP and the
 #                                                 scaling runs only, no ZeRO/FSDP rows)
 set -euo pipefail
@@ -20,6 +21,18 @@ declare -A size=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 16"
                  [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16")
 declare -A half=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 8"
                  [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 8")
+single() {  # one process, 2 threads, the whole batch: dtrain (side "single") or PyTorch (side "ddp_single")
+  local side=$1 s=$2 tag=$3
+  if [ "$side" = single ]; then
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=2 dtrain run -n 1 -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+      --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
+  else
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=2 dtrain run -n 1 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${size[$s]} \
+      --steps "$steps" --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
+  fi
+}
 one_rank() {  # one rank, one thread, half the batch: dtrain (side "one") or PyTorch (side "ddp_one")
   local side=$1 s=$2 tag=$3
   if [ "$side" = one ]; then
@@ -48,6 +61,8 @@ for s in small medium; do
     one_rank one "$s" "$r"
     one_rank ddp_one "$s" "$r"
     one_rank one "$s" "pair$r-a" & one_rank one "$s" "pair$r-b" & wait  # the ceiling: two at once
+    single single "$s" "$r"
+    single ddp_single "$s" "$r"
     [ -n "${DP_ONLY:-}" ] && continue
     # shellcheck disable=SC2086
     dtrain run -n 2 --backend gloo -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
