@@ -21,30 +21,20 @@ declare -A size=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 16"
                  [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 16")
 declare -A half=([small]="--layers 4 --width 128 --heads 4 --seq 64 --batch 8"
                  [medium]="--layers 4 --width 256 --heads 4 --seq 128 --batch 8")
-single() {  # one process, 2 threads, the whole batch: dtrain (side "single") or PyTorch (side "ddp_single")
-  local side=$1 s=$2 tag=$3
-  if [ "$side" = single ]; then
+solo() {  # one process: dtrain (side one / single) or PyTorch (ddp_one / ddp_single); THREADS; the model flags
+  local side=$1 s=$2 tag=$3 threads=$4 model=$5
+  if [ "${side#ddp_}" = "$side" ]; then
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=2 dtrain run -n 1 -- dtrain train ${size[$s]} --steps "$steps" --log-every 100000 \
+    OMP_NUM_THREADS=$threads dtrain run -n 1 -- dtrain train $model --steps "$steps" --log-every 100000 \
       --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
   else
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=2 dtrain run -n 1 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${size[$s]} \
+    OMP_NUM_THREADS=$threads dtrain run -n 1 --backend gloo -- .venv/bin/python bench/gpt_ddp.py $model \
       --steps "$steps" --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
   fi
 }
-one_rank() {  # one rank, one thread, half the batch: dtrain (side "one") or PyTorch (side "ddp_one")
-  local side=$1 s=$2 tag=$3
-  if [ "$side" = one ]; then
-    # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 dtrain run -n 1 -- dtrain train ${half[$s]} --steps "$steps" --log-every 100000 \
-      --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
-  else
-    # shellcheck disable=SC2086
-    OMP_NUM_THREADS=1 dtrain run -n 1 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${half[$s]} \
-      --steps "$steps" --metrics "$out/$side-$s-$tag.jsonl" > "$out/$side-$s-$tag.log" 2>&1
-  fi
-}
+one_rank() { solo "$1" "$2" "$3" 1 "${half[$2]}"; }  # one thread, half the batch: each rank's own work
+single() { solo "$1" "$2" "$3" 2 "${size[$2]}"; }    # 2 threads, the whole batch: the one-process comparison
 # zero3 with a unit per block, as FSDP2's fully_shard per block (a block: 0.8 MB small, 3.2 MB medium)
 declare -A block=([small]=1M [medium]=4M)
 for s in small medium; do

@@ -25,6 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dtrain::test::free_port;
 using dtrain::test::Job;
 using dtrain::test::read_file;
 using dtrain::test::run_worker;
@@ -442,18 +443,6 @@ TEST(MainJob, AtReducedSizeLearnsPastTheUnigramEntropy) {
       << read_file(out.string());
   EXPECT_EQ(read_file((run / "sample.txt").string()), sample);
   fs::remove_all(dir);
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // Two nodes on 127.0.0.1: `dtrain run --nnodes 2 --node-rank 1` as a separate process, node 0 in this one,

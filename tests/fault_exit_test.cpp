@@ -18,19 +18,6 @@ using namespace dtrain::test;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Waits until rank r wrote `ready<r>.txt` ("ready PID") or `deadline`; its pid, 0 where none came.
 pid_t await_ready(const fs::path& dir, int r, Clock::time_point deadline) {
   while (Clock::now() < deadline) {

@@ -3,9 +3,12 @@
 // a file and a deadline after which it is killed.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +62,19 @@ inline Job run_worker(const std::string& backend, int n, const std::string& suit
   for (const auto& [k, v] : env) unsetenv(k.c_str());
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return job;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for a job's MASTER_PORT).
+inline int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 // A child process: started by spawn(), finished by finish().

@@ -350,6 +350,7 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
 // until Gloo's own timeout, so the process group and the waiter thread are left to the process's exit.
 GlooBackend::~GlooBackend() {
   closing_->store(true);
+  // (the mutex taken once: an issuer task between its predicate check and its sleep cannot miss the notify)
   { std::lock_guard<std::mutex> lock(sequencer_->mu); }
   sequencer_->cv.notify_all();
   if (failing() || std::uncaught_exceptions() > 0) {
