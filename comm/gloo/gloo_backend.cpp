@@ -545,8 +545,8 @@ WorkPtr GlooBackend::issue_shm_agreement(OpInfo info, std::function<c10::intrusi
       settle(*issued,
              std::make_exception_ptr(CommError(str_cat(
                  describe(info), ": ", dead,
-                 " exited without entering it: its process ended while this rank waited for it (it died, was "
-                 "killed, crashed or returned early; its own output and exit status say which).",
+                 " exited without entering it: its process is dead, not late (it died while this rank waited "
+                 "for it: killed, crashed or returned early; its own output and exit status say which).",
                  progress.empty() ? "" : " ", progress))),
              {});
       return;
