@@ -32,21 +32,35 @@ std::vector<int64_t> max_local_shape(const std::vector<int64_t>& shape,
   return s;
 }
 
+std::string mixed_partials(const Placements& placements) {
+  const Placement* linear = nullptr;  // the first sum/avg axis
+  const Placement* order = nullptr;   // the first max/min axis
+  for (const auto& p : placements) {
+    if (!p.is_partial()) continue;
+    if (p.op == ReduceOp::kSum || p.op == ReduceOp::kAvg) {
+      if (!linear) linear = &p;
+    } else if (!order) {
+      order = &p;
+    } else if (order->op != p.op) {
+      return str_cat(order->to_string(), " with ", p.to_string());
+    }
+  }
+  if (linear && order) return str_cat(linear->to_string(), " with ", order->to_string());
+  return "";
+}
+
 Placements check_placements(const char* who, const Placements& placements, int64_t ndim, int64_t mesh_ndim) {
   if (static_cast<int64_t>(placements.size()) != mesh_ndim) {
     throw ValueError(str_cat(who, ": ", placements.size(), " placements ", to_string(placements), " for a ",
                              mesh_ndim, "-d mesh. Give one placement per mesh axis."));
   }
-  bool linear = false, order = false;  // sum/avg partials, max/min partials
-  for (const auto& p : placements) {
-    if (!p.is_partial()) continue;
-    (p.op == ReduceOp::kSum || p.op == ReduceOp::kAvg ? linear : order) = true;
-  }
-  if (linear && order) {
-    throw ValueError(
-        str_cat(who, ": ", to_string(placements),
-                " mixes Partial(sum/avg) with Partial(max/min); their reductions do not commute, so the "
-                "tensor has no single value. Reduce one of them (redistribute to Replicate) first."));
+  if (std::string mix = mixed_partials(placements); !mix.empty()) {
+    throw NotSupportedError(
+        str_cat(who, ": ", to_string(placements), " mixes ", mix,
+                " on different mesh axes: their reductions do not commute, so the tensor "
+                "would have a different value for each order of reducing the axes. Reduce "
+                "one of them first (redistribute that axis to Replicate()), or use one kind "
+                "(sum and avg mix freely)."));
   }
   Placements out = placements;
   for (auto& p : out) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensor/placement.h"
@@ -32,7 +33,15 @@ std::vector<int64_t> max_local_shape(const std::vector<int64_t>& shape,
 
 // Validates placements for a tensor of `ndim` dims on a mesh of `mesh_ndim` axes: one per axis, Shard dims in
 // range (a negative dim counts from the end and is normalised in the returned copy). ValueError naming `who`,
-// the value and the fix otherwise.
+// the value and the fix otherwise; NotSupportedError for Partial kinds that have no meaning together (see
+// mixed_partials).
 Placements check_placements(const char* who, const Placements& placements, int64_t ndim, int64_t mesh_ndim);
+
+// Partial on several mesh axes (docs/architecture.md, "Partial on several axes"). The value is the reduction
+// over every axis's parts, and it must not depend on which axis reduces first. That holds for Partial(sum)
+// and Partial(avg) in any mix (both linear: the sum of all parts divided by the sizes of the avg axes), for
+// Partial(max) on several axes, and for Partial(min) on several axes. Any other mix (max with min, or sum/avg
+// with max/min) reduces differently in each order: this says which mix it is ("" when there is none).
+std::string mixed_partials(const Placements& placements);
 
 }  // namespace dtrain::tensor

@@ -82,7 +82,15 @@ TEST(ShardMath, PlacementValidation) {
         "Replicate().");
   }
   EXPECT_THROW(check_placements("t", {Replicate()}, 2, 2), ValueError);
-  EXPECT_THROW(check_placements("t", {Partial(ReduceOp::kSum), Partial(ReduceOp::kMax)}, 2, 2), ValueError);
+  EXPECT_THROW(check_placements("t", {Partial(ReduceOp::kSum), Partial(ReduceOp::kMax)}, 2, 2),
+               NotSupportedError);
+  EXPECT_THROW(check_placements("t", {Partial(ReduceOp::kMax), Partial(ReduceOp::kMin)}, 2, 2),
+               NotSupportedError);
+  EXPECT_THROW(check_placements("t", {Partial(ReduceOp::kMin), Partial(ReduceOp::kAvg)}, 2, 2),
+               NotSupportedError);
+  EXPECT_NO_THROW(check_placements("t", {Partial(ReduceOp::kMax), Partial(ReduceOp::kMax)}, 2, 2));
+  EXPECT_NO_THROW(
+      check_placements("t", {Partial(ReduceOp::kMin), Replicate(), Partial(ReduceOp::kMin)}, 2, 3));
   EXPECT_NO_THROW(check_placements("t", {Partial(ReduceOp::kSum), Partial(ReduceOp::kAvg)}, 2, 2));
   EXPECT_EQ(to_string(Placements{Shard(0), Replicate(), Partial(ReduceOp::kMax)}), "(S(0), R, P(max))");
 }
