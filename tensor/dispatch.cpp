@@ -27,7 +27,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/comm_log.h"
+#include "tensor/detail/decision_check.h"
+#include "tensor/detail/dispatch_util.h"
 #include "tensor/detail/dtensor_meta.h"
+#include "tensor/detail/rule_plan.h"
+#include "tensor/detail/view_sync.h"
 #include "tensor/on_demand.h"
 #include "tensor/redistribute.h"
 #include "tensor/settings.h"
@@ -38,10 +42,17 @@ namespace dtrain::tensor {
 
 namespace {
 
-std::string op_name(const c10::OperatorHandle& op) {
-  const auto& n = op.schema().operator_name();
-  return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
-}
+using detail::all_replicate;
+using detail::cached_plan;
+using detail::DecisionCheck;
+using detail::for_each_tensor;
+using detail::infer_outputs;
+using detail::meta_of;
+using detail::op_name;
+using detail::Outputs;
+using detail::returned_tensors;
+using detail::rule_of;
+using detail::RulePlan;
 
 void warn_once(const std::string& op, const std::string& why) {
   static std::mutex mu;
@@ -54,405 +65,24 @@ void warn_once(const std::string& op, const std::string& why) {
   }
 }
 
-const detail::DTensorMeta& meta_of(const at::Tensor& t) {
-  return *static_cast<const detail::DTensorMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
-}
-
-bool all_replicate(const Placements& p) {
-  return std::all_of(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
-}
-
-// Visits every tensor in the top `n` stack entries (tensors and tensor lists).
-template <typename F>
-void for_each_tensor(torch::jit::Stack& stack, size_t n, F&& f) {
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-    c10::IValue& iv = stack[i];
-    if (iv.isTensor()) {
-      at::Tensor t = iv.toTensor();
-      if (auto r = f(t, i); r.defined()) iv = r;
-    } else if (iv.isTensorList()) {
-      auto list = iv.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j) {
-        if (auto r = f(list.get(j), i); r.defined()) list.set(j, r);
-      }
-    } else if (iv.isOptionalTensorList()) {
-      auto list = iv.toOptionalTensorList();
-      for (size_t j = 0; j < list.size(); ++j) {
-        std::optional<at::Tensor> t = list.get(j);
-        if (!t) continue;
-        if (auto r = f(*t, i); r.defined()) list.set(j, r);
-      }
-    }
-  }
-}
-
 std::atomic<int64_t> g_gathers{0};
 
-// The tensors of the returned values on top of `stack` (`n_ret` of them), lists flattened.
-std::vector<at::Tensor> returned_tensors(const torch::jit::Stack& stack, size_t n_ret) {
-  std::vector<at::Tensor> out;
-  for (size_t i = stack.size() - n_ret; i < stack.size(); ++i) {
-    if (stack[i].isTensor()) out.push_back(stack[i].toTensor());
-    if (stack[i].isTensorList()) {
-      for (const at::Tensor& t : stack[i].toTensorList()) out.push_back(t);
-    }
+// Return `r` of the op is a view of an argument (Tensor(a) without a write): the argument's index, or -1.
+int viewed_argument(const c10::FunctionSchema& schema, size_t r) {
+  const auto* ret = schema.returns()[r].alias_info();
+  if (ret == nullptr || ret->isWrite()) return -1;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto* a = schema.arguments()[i].alias_info();
+    if (a != nullptr && !a->isWrite() && a->beforeSets() == ret->beforeSets()) return static_cast<int>(i);
   }
-  return out;
+  return -1;
 }
 
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-// "[7, 5] strides [5, 1] Float (S(0), R)": what an op's decision depends on for one DTensor argument.
-std::string describe_arg(const at::Tensor& t) {
-  return str_cat(t.sizes(), " strides ", t.strides(), " ", t.scalar_type(), " ",
-                 to_string(meta_of(t).placements));
-}
-
-// DTRAIN_DTENSOR_CHECK (check mode) and plain tensors in strict mode: every rank must take the same decision
-// for an op, and a plain tensor taken as Replicate must be the same on every rank. verify() exchanges a hash
-// of this rank's decision and a fingerprint of its plain tensors over the mesh (one small all_gather) and
-// raises the same ValueError on every rank when they differ, naming the op and the ranks on each side.
-struct DecisionCheck {
-  bool decisions = false;  // check mode
-  bool plains = false;     // check or strict mode: fingerprint plain tensors
-  uint64_t plain = 0;      // fingerprint of the plain tensors seen (0: none)
-  std::string plain_what;  // which they are
-
-  void add_plain(const at::Tensor& t, size_t arg) {
-    at::Tensor c = t.contiguous();
-    uint64_t h = fnv1a(c.sizes().data(), c.sizes().size() * sizeof(int64_t), plain ? plain : 7);
-    h = fnv1a(c.const_data_ptr(), static_cast<size_t>(c.numel()) * c.element_size(), h);
-    plain = h | 1;  // never 0
-    plain_what += str_cat(plain_what.empty() ? "" : ", ", "argument ", arg, " ", t.sizes());
+bool returns_view(const c10::FunctionSchema& schema) {
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    if (viewed_argument(schema, r) >= 0) return true;
   }
-
-  void verify(const c10::OperatorHandle& op, const MeshPtr& mesh,
-              const std::vector<std::pair<size_t, at::Tensor>>& dts, const std::string& decision) const {
-    if (!decisions && plain == 0) return;
-    std::string what;
-    if (decisions) {
-      what = op_name(op) + ": " + decision;
-      for (const auto& [i, t] : dts) what += " | " + describe_arg(t);
-    }
-    const auto& group = mesh->group();
-    const int n = group->group_size();
-    at::Tensor mine = at::tensor(
-        {static_cast<int64_t>(decisions ? fnv1a(what.data(), what.size()) : 0), static_cast<int64_t>(plain)},
-        at::kLong);
-    at::Tensor all = at::empty({n, 2}, at::kLong);
-    group->all_gather(all, mine)->wait();
-    auto differ = [&](int col) {
-      std::map<int64_t, std::vector<int>> sides;
-      for (int g = 0; g < n; ++g) sides[all[g][col].item<int64_t>()].push_back(group->global_ranks()[g]);
-      if (sides.size() <= 1) return std::string();
-      std::string out;
-      for (const auto& [h, ranks] : sides) {
-        std::string list;
-        for (int r : ranks) list += str_cat(list.empty() ? "" : ", ", r);
-        const bool mine_side = h == mine[col].item<int64_t>();
-        out += str_cat(out.empty() ? "" : " vs ", "ranks {", list, "}", mine_side ? " (this rank)" : "");
-      }
-      return out;
-    };
-    if (std::string d = differ(0); !d.empty()) {
-      throw ValueError(
-          str_cat(rank_prefix(), " DTRAIN_DTENSOR_CHECK: the ranks decided differently for ", op_name(op),
-                  ": ", d, ". This rank decided: ", what,
-                  ". Every decision must depend on global shapes, strides, placements and dtypes "
-                  "only; report this with the op and placements."));
-    }
-    if (std::string d = differ(1); !d.empty()) {
-      throw ValueError(str_cat(
-          rank_prefix(), " DTensor: ", op_name(op), " got a plain tensor (", plain_what,
-          ") that differs across ranks: ", d,
-          ". A plain tensor meeting a DTensor is taken as Replicate, the same on every rank. Make "
-          "rank-specific "
-          "values a DTensor with from_local() (Shard or Partial), or compute them alike on every rank."));
-    }
-  }
-};
-
-// The outputs' global shapes and strides, as libtorch lays them out on one process: from the op's meta
-// kernel on meta tensors of the inputs' global shapes and strides. Empty when the op has no meta kernel in
-// C++; then a pointwise op's shape is its inputs' broadcast, dense in its first input's dim order. A meta
-// kernel's own error (a view of a tensor whose strides do not allow it, a bad dim) is libtorch's answer for
-// the global tensor and is raised on every rank alike.
-struct Outputs {
-  std::vector<std::vector<int64_t>> shapes, strides;
-};
-
-Outputs infer_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
-                      const std::vector<std::pair<size_t, at::Tensor>>& dts) {
-  torch::jit::Stack meta(args);
-  for (auto& iv : meta) {  // lists are shared between IValue copies: give the meta call its own
-    if (iv.isTensorList()) iv = c10::List<at::Tensor>(iv.toTensorVector());
-    if (iv.isOptionalTensorList()) iv = c10::List<std::optional<at::Tensor>>(iv.toOptionalTensorList().vec());
-  }
-  for_each_tensor(meta, meta.size(), [&](const at::Tensor& t, size_t) {
-    return is_dtensor(t) ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta))
-                         : at::Tensor();
-  });
-  Outputs out;
-  try {
-    op.callBoxed(&meta);
-    for (const at::Tensor& t : returned_tensors(meta, meta.size())) {
-      out.shapes.push_back(t.sizes().vec());
-      out.strides.push_back(t.strides().vec());
-    }
-    return out;
-  } catch (const c10::NotImplementedError&) {
-    // no meta kernel in C++
-  }
-  if (op.hasTag(at::Tag::pointwise) && op.schema().returns().size() == 1) {
-    std::vector<int64_t> shape;
-    for (auto& [i, t] : dts) shape = at::infer_size(shape, t.sizes());
-    const at::Tensor& first = dts[0].second;
-    out.strides.push_back(detail::dense_strides(
-        shape, first.dim() == static_cast<int64_t>(shape.size()) ? first.strides() : c10::IntArrayRef{}));
-    out.shapes.push_back(std::move(shape));
-  }
-  return out;
-}
-
-bool is_out_argument(const c10::Argument& a) {
-  return a.kwarg_only() && a.alias_info() != nullptr && a.alias_info()->isWrite();
-}
-
-// The functional form of an out= op: the overload of the same name whose arguments are the out= op's less
-// its written keyword arguments (sum.IntList_out -> sum.dim_IntList, mean.out -> mean.dim). Matched on the
-// schema, not on the overload's name, so that no out= op is mistaken for another overload.
-std::optional<c10::OperatorHandle> functional_form(const c10::OperatorHandle& op) {
-  static const auto overloads = [] {  // op name -> its overload names
-    std::unordered_map<std::string, std::vector<std::string>> m;
-    for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) m[n.name].push_back(n.overload_name);
-    return m;
-  }();
-  const auto& schema = op.schema();
-  std::vector<const c10::Argument*> want;
-  for (const auto& a : schema.arguments()) {
-    if (!is_out_argument(a)) want.push_back(&a);
-  }
-  if (want.size() == schema.arguments().size()) return std::nullopt;
-  auto it = overloads.find(schema.name());
-  if (it == overloads.end()) return std::nullopt;
-  for (const std::string& overload : it->second) {
-    auto h = c10::Dispatcher::singleton().findOp({schema.name(), overload});
-    if (!h || h->schema().overload_name() == schema.overload_name()) continue;
-    const auto& args = h->schema().arguments();
-    if (args.size() != want.size()) continue;
-    bool same = true;
-    for (size_t i = 0; i < args.size() && same; ++i) {
-      same = args[i].name() == want[i]->name() && *args[i].type() == *want[i]->type() &&
-             args[i].alias_info() == nullptr;
-    }
-    if (same) return h;
-  }
-  return std::nullopt;
-}
-
-// The op's rule (or nullptr), looked up once per op; an out= op takes its functional form's rule.
-const RuleSpec* rule_of(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const void*, const RuleSpec*> rules;
-  auto it = rules.find(&op.schema());
-  if (it != rules.end()) return it->second;
-  const RuleSpec* rule = nullptr;
-  if (auto f = functional_form(op)) {
-    rule = find_rule(op_name(*f), f->hasTag(at::Tag::pointwise));
-  } else {
-    rule = find_rule(op_name(op), op.hasTag(at::Tag::pointwise));
-  }
-  return rules[&op.schema()] = rule;
-}
-
-// A rule's decision for one call: the hooks, the outputs' global shapes, which returned tensors each output
-// placement covers (a Tensor[] return has many: [first_of[r], first_of[r + 1])), and the chosen placements.
-struct RulePlan {
-  RuleResult res;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<std::vector<int64_t>> strides;  // empty for an output: contiguous
-  std::vector<size_t> first_of;
-  Choice best;
-};
-
-// Prices every combination of per-axis options by the redistribution its inputs need and keeps the cheapest
-// valid one; nullopt when none applies (or the output shapes are unknown).
-// `in_place`: the op writes its first argument (a DTensor, dts[0]), which keeps its placements; only options
-// whose output and first input equal them qualify.
-std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::jit::Stack& args,
-                                  const RuleSpec& spec, const std::vector<std::pair<size_t, at::Tensor>>& dts,
-                                  const MeshPtr& mesh, bool in_place) {
-  const auto& schema = op.schema();
-  const size_t n_ret = schema.returns().size();
-  RuleCall call;
-  call.mesh_shape = mesh->shape();
-  for (auto& [i, t] : dts) call.input_shapes.push_back(t.sizes().vec());
-  call.args = &args;
-  Outputs inferred;
-  if (!spec.gives_shapes) {
-    inferred = infer_outputs(op, args, dts);
-    if (inferred.shapes.empty()) return std::nullopt;
-    call.output_shapes = inferred.shapes;
-  }
-  auto rule = [&] {
-    try {
-      return spec.rule(call);
-    } catch (const ValueError& e) {  // bad arguments, found before libtorch's kernel would
-      throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op), ": ", e.what()));
-    }
-  };
-  RulePlan plan{rule(), {}, {}, {0}, {}};
-  const RuleResult& res = plan.res;
-  plan.shapes = spec.gives_shapes ? res.output_shapes : call.output_shapes;
-  // Ops whose shapes the rule gives (no meta kernel) return fresh contiguous tensors.
-  plan.strides = spec.gives_shapes ? std::vector<std::vector<int64_t>>() : inferred.strides;
-  plan.strides.resize(plan.shapes.size());
-  const auto& shapes = plan.shapes;
-  if (res.options.empty()) return std::nullopt;
-  const size_t n_out = res.options[0].outputs.size();
-  auto& first_of = plan.first_of;
-  for (size_t r = 0; r < n_ret; ++r) {
-    size_t count = 1;
-    if (schema.returns()[r].type()->kind() == c10::TypeKind::ListType) count = shapes.size() - (n_ret - 1);
-    first_of.push_back(first_of.back() + count);
-  }
-  DTRAIN_ASSERT(n_out == n_ret && first_of.back() == shapes.size(), op_name(op), ": the rule gives ", n_out,
-                " output placements and ", shapes.size(), " shapes for ", n_ret, " returns");
-
-  // Every combination of one option per axis; keep the cheapest valid one.
-  const int axes = mesh->ndim();
-  std::vector<size_t> pick(axes, 0);
-  double best_cost = 0;
-  std::optional<Choice> best;
-  for (;;) {
-    Choice ch{std::vector<Placements>(dts.size(), Placements(axes)),
-              std::vector<Placements>(n_out, Placements(axes))};
-    for (int a = 0; a < axes; ++a) {
-      const AxisStrategy& o = res.options[pick[a]];
-      DTRAIN_ASSERT(o.inputs.size() == dts.size(), op_name(op), ": the rule gives ", o.inputs.size(),
-                    " input placements for ", dts.size(), " DTensor arguments");
-      for (size_t k = 0; k < dts.size(); ++k) ch.inputs[k][a] = o.inputs[k];
-      for (size_t r = 0; r < n_out; ++r) ch.outputs[r][a] = o.outputs[r];
-    }
-    try {
-      for (size_t r = 0; r < n_out; ++r) {
-        if (first_of[r] < first_of[r + 1]) {
-          check_placements("rule", ch.outputs[r], static_cast<int64_t>(shapes[first_of[r]].size()), axes);
-        }
-      }
-      if (in_place && (ch.outputs[0] != placements_of(dts[0].second) || ch.inputs[0] != ch.outputs[0]))
-        throw ValueError("not in place");
-      if (res.valid && !res.valid(ch)) throw ValueError("not computable on blocks");
-      double cost = 0;
-      for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, ch.inputs[k])->cost;
-      if (!best || cost < best_cost) {
-        best_cost = cost;
-        best = ch;
-      }
-    } catch (const ValueError&) {
-      // an invalid combination (e.g. mixed Partial ops, a sharded dim the output lacks): skip it
-    }
-    int a = axes - 1;
-    while (a >= 0 && ++pick[a] == res.options.size()) pick[a--] = 0;
-    if (a < 0) break;
-  }
-  if (!best) return std::nullopt;
-  plan.best = std::move(*best);
-  return plan;
-}
-
-// The strategy cache's key for a call: the op, the mesh (shape and ranks), and every argument that a rule may
-// read (DTensors by dtype, shape and placements; plain scalars by dtype; ints, floats, bools, strings and
-// lists by value). Empty when an argument cannot be keyed (the call is then planned afresh).
-std::string strategy_key(const c10::OperatorHandle& op, const torch::jit::Stack& args, const MeshPtr& mesh,
-                         bool in_place, int out_index) {
-  std::string k;
-  k.reserve(128);
-  auto raw = [&k](const auto& x) { k.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
-  raw(&op.schema());
-  for (int64_t d : mesh->shape()) raw(d);
-  k += '|';
-  for (int r : mesh->global_ranks()) raw(r);  // the mesh's identity: its ranks, not only its shape
-  k += in_place ? 'I' : 'F';
-  raw(out_index);
-  auto tensor = [&](const at::Tensor& t) {
-    if (!t.defined()) {
-      k += 'U';
-      return;
-    }
-    k += is_dtensor(t) ? 'D' : 'T';
-    raw(static_cast<int8_t>(t.scalar_type()));
-    raw(static_cast<int8_t>(t.dim()));
-    if (!is_dtensor(t)) return;
-    for (int64_t d : t.sizes()) raw(d);
-    for (int64_t d : t.strides()) raw(d);  // global strides: the meta kernel's output layout reads them
-    for (const Placement& p : meta_of(t).placements) {
-      raw(static_cast<int8_t>(p.kind));
-      raw(static_cast<int8_t>(p.dim));
-      raw(static_cast<int8_t>(p.op));
-    }
-  };
-  for (const c10::IValue& v : args) {
-    if (v.isTensor()) {
-      tensor(v.toTensor());
-    } else if (v.isInt()) {
-      k += 'i';
-      raw(v.toInt());
-    } else if (v.isDouble()) {
-      k += 'd';
-      raw(v.toDouble());
-    } else if (v.isBool()) {
-      k += v.toBool() ? 'y' : 'n';
-    } else if (v.isNone()) {
-      k += '0';
-    } else if (v.isIntList()) {
-      k += 'l';
-      for (int64_t x : v.toIntList()) raw(x);
-      k += ';';
-    } else if (v.isTensorList()) {
-      k += 'L';
-      for (const at::Tensor& t : v.toTensorList()) tensor(t);
-      k += ';';
-    } else if (v.isOptionalTensorList()) {
-      k += 'O';
-      for (std::optional<at::Tensor> t : v.toOptionalTensorList()) tensor(t ? *t : at::Tensor());
-      k += ';';
-    } else if (v.isString()) {
-      k += 's';
-      k += v.toStringRef();
-      k += '\0';
-    } else if (v.isGenerator() || v.isDevice()) {
-      k += 'g';  // not read by any rule
-    } else {
-      return {};
-    }
-  }
-  return k;
-}
-
-// Plans per (op, arguments' specs) once: later calls with the same key reuse the decision (nullptr: the rule
-// does not apply). Per thread (the backward pass may run on autograd's threads); bounded. Shared pointers, so
-// a plan in use survives the cache being cleared by a nested call.
-std::shared_ptr<const RulePlan> cached_plan(const c10::OperatorHandle& op, const torch::jit::Stack& args,
-                                            const RuleSpec& spec,
-                                            const std::vector<std::pair<size_t, at::Tensor>>& dts,
-                                            const MeshPtr& mesh, bool in_place, int out_index) {
-  thread_local std::unordered_map<std::string, std::shared_ptr<const RulePlan>> cache;
-  auto plan = [&]() -> std::shared_ptr<const RulePlan> {
-    std::optional<RulePlan> p = plan_rule(op, args, spec, dts, mesh, in_place);
-    return p ? std::make_shared<const RulePlan>(std::move(*p)) : nullptr;
-  };
-  std::string key = strategy_key(op, args, mesh, in_place, out_index);
-  if (key.empty()) return plan();
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  auto made = plan();
-  if (cache.size() >= 4096) cache.clear();
-  cache.emplace(std::move(key), made);
-  return made;
+  return false;
 }
 
 // Runs `op` by its sharding rule (planned by cached_plan): redistributes the inputs, runs on the blocks, and
@@ -467,7 +97,8 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   const size_t base = stack->size() - n_args;
   torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   const int out_index = out_arg ? static_cast<int>(out_arg->first - base) : -1;
-  const std::shared_ptr<const RulePlan> plan = cached_plan(op, args, spec, dts, mesh, in_place, out_index);
+  const std::shared_ptr<const RulePlan> plan =
+      cached_plan(op, args, spec, dts, mesh, in_place, out_index, base);
   if (!plan) return false;
   const RuleResult& res = plan->res;
   const auto& shapes = plan->shapes;
@@ -482,14 +113,20 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
     check.verify(op, mesh, dts, d);
   }
 
-  // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order).
+  // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order). A view op gets a
+  // copy of its own (never a kept copy, which a write through the view would change).
+  const bool view_op = returns_view(schema);
+  std::vector<bool> moved(dts.size(), false);  // redistributed
   size_t k = 0;
   for_each_tensor(args, args.size(), [&](const at::Tensor& t, size_t i) {
     if (out_arg && i == out_arg->first - base) return at::empty({0}, t.options());  // out=: resized by the op
     if (!is_dtensor(t)) return at::Tensor();
     const Placements& want = best->inputs[k];
-    const at::Tensor& dt = dts[k++].second;
-    return placements_of(dt) == want ? detail::to_local_raw(dt) : detail::redistributed_local(dt, want);
+    const at::Tensor& dt = dts[k].second;
+    if (placements_of(dt) == want) return detail::to_local_raw(dts[k++].second);
+    moved[k++] = true;
+    return view_op ? detail::to_local_raw(detail::redistribute_raw(dt, want))
+                   : detail::redistributed_local(dt, want);
   });
   if (res.localize) res.localize(args, *best, mesh->coordinate());
   stack->resize(base);
@@ -499,7 +136,8 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
     op.callBoxed(&args);
   }
   if (in_place) {
-    stack->push_back(dts[0].second);  // its block was updated in place
+    detail::after_write(dts[0].second);  // its block was updated in place
+    stack->push_back(dts[0].second);
     return true;
   }
   std::vector<at::Tensor> locals = returned_tensors(args, n_ret);
@@ -511,12 +149,28 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
                   " was expected");
     at::Tensor out = out_arg->second;
     auto* impl = out.unsafeGetTensorImpl();
-    const std::vector<int64_t> strides =
-        plan->strides[0].empty() ? detail::dense_strides(shapes[0], {}) : plan->strides[0];
-    impl->set_sizes_and_strides(shapes[0], strides);
-    impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(
-        detail::conform_layout(locals[0], strides), mesh, best->outputs[0]));
+    auto view = meta_of(out).view;
+    if (view) {  // out= into a view: the values go where the view sits, and on into its root
+      if (out.sizes().vec() != shapes[0]) {
+        throw NotSupportedError(
+            str_cat(rank_prefix(), " DTensor: ", op_name(op), " writes a result of shape ",
+                    c10::IntArrayRef(shapes[0]), " into out=, a view of shape ", out.sizes(),
+                    " of another DTensor; a view cannot be resized. Pass an "
+                    "out= tensor of the result's shape, or write the result with copy_()."));
+      }
+      view = std::make_shared<detail::ViewOf>(*view);
+      view->aliases = false;  // the block is the result's, no longer a view of the root's
+      impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(
+          detail::conform_layout(locals[0], out.strides()), mesh, best->outputs[0], view));
+    } else {
+      const std::vector<int64_t> strides =
+          plan->strides[0].empty() ? detail::dense_strides(shapes[0], {}) : plan->strides[0];
+      impl->set_sizes_and_strides(shapes[0], strides);
+      impl->set_backend_meta(c10::make_intrusive<detail::DTensorMeta>(
+          detail::conform_layout(locals[0], strides), mesh, best->outputs[0]));
+    }
     impl->bump_version();
+    detail::after_write(out);
     stack->push_back(out);
     return true;
   }
@@ -536,7 +190,15 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
       const auto& strides = plan->strides[e];
       wrapped.push_back(
           detail::make_dtensor(fresh && !strides.empty() ? detail::conform_layout(local, strides) : local,
-                               mesh, best->outputs[r], shapes[e], strides));
+                               mesh, best->outputs[r], shapes[e], strides, plan->offsets[e]));
+      // A view remembers what it views; its block aliases that tensor's only when the op ran on the block
+      // itself.
+      const int viewed = viewed_argument(schema, r);
+      for (size_t j = 0; viewed >= 0 && j < dts.size(); ++j) {
+        if (dts[j].first - base != static_cast<size_t>(viewed)) continue;
+        detail::mark_view(wrapped.back(), dts[j].second, !moved[j] && !res.run);
+        break;
+      }
     }
   }
   // Back onto the stack in the returns' structure.
@@ -551,6 +213,54 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
       stack->emplace_back(wrapped[e++]);
     }
   }
+  return true;
+}
+
+// The functional form of an in-place op (relu_ -> relu, add_.Tensor -> add.Tensor, fill_.Scalar ->
+// fill.Scalar): same overload and arguments, the first one not written.
+std::optional<c10::OperatorHandle> in_place_form_of(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  const std::string& name = schema.name();
+  if (name.size() < 2 || name.back() != '_') return std::nullopt;
+  auto h = c10::Dispatcher::singleton().findOp({name.substr(0, name.size() - 1), schema.overload_name()});
+  if (!h || h->schema().arguments().size() != schema.arguments().size()) return std::nullopt;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    if (*h->schema().arguments()[i].type() != *schema.arguments()[i].type()) return std::nullopt;
+  }
+  return h;
+}
+
+// Runs in-place `op` (writing its first argument, dts[0]) as its functional form by that form's rule, then
+// redistributes the result to the argument's placements and copies it into the argument's block. False when
+// the functional form has no rule that applies.
+bool in_place_functionally(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh,
+                           const DecisionCheck& check) {
+  auto functional = in_place_form_of(op);
+  const RuleSpec* rule = functional ? rule_of(*functional) : nullptr;
+  if (!rule) return false;
+  const size_t n_args = op.schema().arguments().size();
+  const size_t base = stack->size() - n_args;
+  torch::jit::Stack call(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  std::vector<std::pair<size_t, at::Tensor>> moved;
+  for (const auto& [i, t] : dts) moved.emplace_back(i - base, t);
+  if (!run_with_rule(*functional, &call, *rule, moved, mesh, false, check)) return false;
+  const at::Tensor self = dts[0].second;
+  const at::Tensor result = call.back().toTensor();
+  if (result.sizes() != self.sizes() || !c10::canCast(result.scalar_type(), self.scalar_type())) {
+    throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op), " in place gives a result of shape ",
+                             result.sizes(), " and dtype ", result.scalar_type(), " for a tensor of shape ",
+                             self.sizes(), " and dtype ", self.scalar_type(),
+                             ", which it cannot hold (libtorch refuses this too). Use the out-of-place op."));
+  }
+  const Placements& want = placements_of(self);
+  at::Tensor block = placements_of(result) == want
+                         ? detail::to_local_raw(result)
+                         : detail::to_local_raw(detail::redistribute_raw(result, want));
+  meta_of(self).local.copy_(block);
+  detail::after_write(self);
+  stack->resize(base);
+  stack->emplace_back(self);
   return true;
 }
 
@@ -593,8 +303,16 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
                   "with to_local() and from_local() onto the other's mesh first."));
     }
   }
+  for (auto& [i, t] : dts) detail::sync_view(t);  // a view whose root changed since it was made
 
   // Choose how to run it (see the table above).
+  const bool view_op = returns_view(schema);
+  // Every block sits in its storage as its DTensor in the global layout (a Replicate root and its aliasing
+  // views): a view op run on the blocks then gives the global geometry itself.
+  const bool blocks_as_global = std::all_of(dts.begin(), dts.end(), [](const auto& d) {
+    const at::Tensor& local = meta_of(d.second).local;
+    return local.strides() == d.second.strides() && local.storage_offset() == d.second.storage_offset();
+  });
   const auto n_written = std::count_if(
       schema.arguments().begin(), schema.arguments().end(),
       [](const c10::Argument& a) { return a.alias_info() != nullptr && a.alias_info()->isWrite(); });
@@ -622,9 +340,14 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
                        schema.arguments()[0].alias_info()->isWrite();
   if ((!writes || in_place_self) && plain_only_scalars) {
     const RuleSpec* rule = rule_of(op);
-    if (rule && (!all_rep || rule->always) &&
+    // (A view op on Replicate blocks laid out otherwise than their DTensors goes by its rule: its result
+    // needs its global geometry.)
+    if (rule && (!all_rep || rule->always || (view_op && !blocks_as_global)) &&
         run_with_rule(op, stack, *rule, dts, mesh, in_place_self, check))
       return;
+    // In place where no option keeps the tensor's placements (relu_ on a Partial, fill_ on Partial(sum)):
+    // the functional form by its rule, its result redistributed into the tensor's block.
+    if (in_place_self && !all_rep && in_place_functionally(op, stack, dts, mesh, check)) return;
   }
   // out= ops (one written keyword argument `out`, a DTensor, returned): by the rule of the op's functional
   // form, the out DTensor taking the result.
@@ -657,6 +380,15 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
     warn_once(op_name(op), why);
   }
 
+  // A view op without a rule: its outputs' global geometry, before the DTensors are swapped out (on blocks
+  // laid out as their DTensors, the blocks' own).
+  Outputs geometry;
+  if (view_op && (gathered || !blocks_as_global)) {
+    torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+    geometry = infer_outputs(op, args, dts);
+  }
+  const std::vector<std::pair<size_t, at::Tensor>> inputs = dts;
+
   // Swap DTensors for their blocks (or gathered wholes), remembering mutable ones to hand back.
   std::vector<std::pair<size_t, at::Tensor>> originals;  // (stack index, DTensor) for arguments written to
   std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (DTensor, gathered copy the op may mutate)
@@ -680,6 +412,14 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
     const auto& m = meta_of(dt);
     m.local.copy_(local_block(full, m.mesh->shape(), m.placements, m.mesh->coordinate()));
   }
+  for (auto& [i, dt] : originals) {
+    // An out= argument the op resized on Replicate blocks: the DTensor takes the block's shape.
+    const at::Tensor& local = meta_of(dt).local;
+    if (!gathered && local.sizes() != dt.sizes() && all_replicate(meta_of(dt).placements)) {
+      dt.unsafeGetTensorImpl()->set_sizes_and_strides(local.sizes(), local.strides());
+    }
+    detail::after_write(dt);
+  }
   const size_t n_ret = schema.returns().size();
   for (size_t r = 0; r < n_ret; ++r) {
     c10::IValue& iv = (*stack)[stack->size() - n_ret + r];
@@ -694,9 +434,22 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
       }
       continue;
     }
+    const int viewed = viewed_argument(schema, r);
+    size_t e = r;  // (views returned in a list are not tracked: no rule-less op returns one)
     auto wrap = [&](const at::Tensor& local) {
-      // the op ran on the whole tensors, alike on every rank: the result's own layout is the global one
-      return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec(), local.strides());
+      if (viewed < 0) {
+        // the op ran on the whole tensors, alike on every rank: the result's own layout is the global one
+        return detail::make_dtensor(local, mesh, out_placements, local.sizes().vec(), local.strides());
+      }
+      const bool known = e < geometry.shapes.size() && geometry.shapes[e] == local.sizes().vec();
+      at::Tensor out = known ? detail::make_dtensor(local, mesh, out_placements, geometry.shapes[e],
+                                                    geometry.strides[e], geometry.offsets[e])
+                             : detail::make_dtensor(local, mesh, out_placements, local.sizes().vec(),
+                                                    local.strides(), local.storage_offset());
+      for (const auto& [i, dt] : inputs) {
+        if (i - base == static_cast<size_t>(viewed)) detail::mark_view(out, dt, !gathered);
+      }
+      return out;
     };
     if (iv.isTensor()) {
       at::Tensor t = iv.toTensor();

@@ -27,10 +27,11 @@ namespace {
 // only, never of this rank's block, so that every decision libtorch takes from them (is it contiguous, can it
 // be viewed) is the same on every rank.
 struct DTensorImpl : c10::TensorImpl {
-  DTensorImpl(const at::Tensor& local, c10::IntArrayRef global_shape, c10::IntArrayRef global_strides)
+  DTensorImpl(const at::Tensor& local, c10::IntArrayRef global_shape, c10::IntArrayRef global_strides,
+              int64_t global_offset)
       : c10::TensorImpl(c10::DispatchKeySet(detail::kDTensorKey), local.dtype(), local.device()) {
     set_storage_access_should_throw();
-    set_sizes_and_strides(global_shape, global_strides);
+    set_sizes_and_strides(global_shape, global_strides, global_offset);
   }
 };
 
@@ -96,12 +97,13 @@ at::Tensor conform_layout(const at::Tensor& local, c10::IntArrayRef global_strid
 }
 
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
-                        std::vector<int64_t> global_shape, c10::IntArrayRef global_strides) {
+                        std::vector<int64_t> global_shape, c10::IntArrayRef global_strides,
+                        int64_t global_offset) {
   ensure_dispatch_registered();
   std::vector<int64_t> contiguous;
   if (global_strides.size() != global_shape.size())
     global_strides = contiguous = dense_strides(global_shape, {});
-  at::Tensor t = at::detail::make_tensor<DTensorImpl>(local, global_shape, global_strides);
+  at::Tensor t = at::detail::make_tensor<DTensorImpl>(local, global_shape, global_strides, global_offset);
   t.unsafeGetTensorImpl()->set_backend_meta(
       c10::make_intrusive<DTensorMeta>(std::move(local), std::move(mesh), std::move(placements)));
   return t;

@@ -36,8 +36,13 @@ struct RuleCall {
   std::vector<std::vector<int64_t>> output_shapes;
   const torch::jit::Stack* args = nullptr;  // the op's arguments, first at index 0
   std::vector<int64_t> mesh_shape;
-  // Argument `i`'s index among the DTensor arguments, or -1 (an undefined optional tensor).
+  // Argument `i`'s index among the DTensor arguments, or -1 when it is not one (a 0-d plain tensor, which
+  // stays a scalar; an undefined optional tensor; a non-tensor argument).
   std::vector<int> dtensor_index;
+
+  // The DTensor index of argument `i` (-1: not a DTensor). Rules that treat arguments differently (div's
+  // numerator, sub's first operand) use it: input_shapes lists DTensors only.
+  int dtensor_at(size_t i) const { return i < dtensor_index.size() ? dtensor_index[i] : -1; }
 
   const std::vector<int64_t>& out_shape() const { return output_shapes.at(0); }
 };

@@ -3,6 +3,9 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <atomic>
+#include <memory>
+
 #include "tensor/dtensor.h"
 
 #ifndef DTRAIN_DISPATCH_KEY
@@ -15,25 +18,46 @@ namespace dtrain::tensor::detail {
 // PrivateUse3), for a process where another extension claims PrivateUse1.
 constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::DTRAIN_DISPATCH_KEY;
 
+// A DTensor made by a view op (narrow, view, select, slice, transpose, as_strided, ...) remembers the DTensor
+// it views, so that writes through it reach that tensor and it sees writes made there (tensor/view_sync.h).
+// `root` is never itself a view. The view's elements sit where its global sizes, strides and storage offset
+// put them in the root's global layout (the root's own sizes, strides and offset): the same geometry
+// libtorch gives a view on one process. `synced_writes` is the root's write count (DTensorMeta::writes) when
+// this view's block last matched the root; it matters only when the view's block is
+// not an alias of the root's (the view's rule had to redistribute). Writes made straight into a block
+// (to_local(x).add_(1)) are not counted: a copy made earlier does not see them.
+struct ViewOf {
+  at::Tensor root;
+  bool aliases = true;  // the view's block is a view of the root's block (decided from placements alone)
+  uint64_t synced_writes = 0;
+};
+
 struct DTensorMeta : c10::BackendMeta {
-  DTensorMeta(at::Tensor local, MeshPtr mesh, Placements placements)
-      : local(std::move(local)), mesh(std::move(mesh)), placements(std::move(placements)) {}
+  DTensorMeta(at::Tensor local, MeshPtr mesh, Placements placements, std::shared_ptr<ViewOf> view = nullptr)
+      : local(std::move(local)),
+        mesh(std::move(mesh)),
+        placements(std::move(placements)),
+        view(std::move(view)) {}
   ~DTensorMeta() override;  // drops this tensor's redistributed copies (see redistributed_local)
   // set_data()/detach() copy the metadata: the copy shares the same local block, as a detached tensor shares
-  // storage.
+  // storage, and views what the original views.
   c10::intrusive_ptr<c10::BackendMeta> clone(const c10::intrusive_ptr<c10::BackendMeta>&) const override {
-    return c10::make_intrusive<DTensorMeta>(local, mesh, placements);
+    return c10::make_intrusive<DTensorMeta>(local, mesh, placements, view);
   }
 
   at::Tensor local;
   MeshPtr mesh;
   Placements placements;
+  std::shared_ptr<ViewOf> view;  // null: not a view
+  // How often the DTensor handler wrote into this tensor or into a view of it (a root's count; see ViewOf).
+  mutable std::atomic<uint64_t> writes{0};
 };
 
 // Builds a DTensor from parts already checked. `global_strides` are the strides libtorch would give the
 // global tensor (computed from global metadata only, the same on every rank); empty: contiguous.
 at::Tensor make_dtensor(at::Tensor local, MeshPtr mesh, Placements placements,
-                        std::vector<int64_t> global_shape, c10::IntArrayRef global_strides = {});
+                        std::vector<int64_t> global_shape, c10::IntArrayRef global_strides = {},
+                        int64_t global_offset = 0);
 // Dense strides for `sizes` with the dims ordered as `order_by`'s strides order them (outermost = largest;
 // ties keep dim order); `order_by` empty: contiguous.
 std::vector<int64_t> dense_strides(c10::IntArrayRef sizes, c10::IntArrayRef order_by);

@@ -7,13 +7,19 @@
 //                              broadcasts along d -> S(d)
 //     linear ones (add, sub,   also all P -> P (same reduce op; no plain tensor argument)
 //     neg, mul/div by Scalar)
-//     add, sub                 also P(max|min) first operand, the others R -> the same P (a shift of every
-//     part) mul, div (Tensor)        also one P(sum/avg) factor (the numerator for div), the others R -> P
+//     add, sub                 also P(max|min) as argument 0, the others R -> the same P (a shift of every
+//                              part; not as the subtrahend: a - max is a min)
+//     mul, div (Tensor)        also one P(sum/avg) factor, the others R -> P; for div only the numerator
+//                              (argument 0; a 0-d plain tensor there is a scalar, and the divisor is reduced)
 //   detach, clone, alias,      every placement to itself
 //     lift_fresh
 //   _to_copy                   every placement to itself, but a Partial only where the cast commutes with
 //                              its reduction (sum/avg: floating to floating; max/min: not to bool)
 //   *_like factories           R -> R, S(d) -> S(d), P -> R (only the shape is read)
+//   new_empty_strided, new_*   R -> R, P -> R; S(d) -> S(d) where the result has self's shape
+//   copy_, copy                aligned shards (src broadcast); P -> P of any kind where the cast keeps it
+//   zero_, zero                every placement to itself (every part 0)
+//   fill_, fill (Scalar)       R, S(d), P(avg|max|min) to themselves; P(sum) -> R (in place: back to P(sum))
 //   bernoulli_, uniform_,      S(d) and R: this rank's block of one global draw from DTensor's own Philox
 //     normal_, rand_like,      stream (tensor/random.h), the same on every rank whatever its own seed; a
 //     randn_like               sharded tensor draws only its block
@@ -70,26 +76,31 @@ RuleResult linear_rule(const RuleCall& c) {
   return s;
 }
 
-// add/sub (and in place): linear, and also a Partial(max) or Partial(min) first operand plus Replicate others
-// stays that Partial: max_i(p_i + a y) = max_i(p_i) + a y for any alpha, since every part shifts alike.
+// add/sub (and in place): linear, and also a Partial(max) or Partial(min) first argument plus Replicate
+// others stays that Partial: max_i(p_i + a y) = max_i(p_i) + a y for any alpha, since every part shifts
+// alike. Only the first argument: a - max_i(p_i) is min_i(a - p_i), not a max.
 RuleResult additive_rule(const RuleCall& c) {
   RuleResult r = linear_rule(c);
   const size_t n = c.input_shapes.size();
-  if (c.input_shapes[0] == c.out_shape()) {  // the Partial operand must not broadcast
+  const int first = c.dtensor_at(0);
+  if (first >= 0 && c.input_shapes[first] == c.out_shape()) {  // the Partial operand must not broadcast
     for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
       std::vector<Placement> in(n, Replicate());
-      in[0] = Partial(op);
+      in[first] = Partial(op);
       r.options.push_back({in, Partial(op)});
     }
   }
   return r;
 }
 
-// mul/div: linear in one factor at a time (for div, the numerator).
+// mul/div: linear in one factor at a time, the others Replicate (both Partial on one axis would give the
+// product of sums, not the sum of products). div is linear in its numerator (argument 0) only: a / sum_i x_i
+// is not sum_i a / x_i, so a Partial divisor is reduced first.
 RuleResult product_rule(const RuleCall& c, bool numerator_only) {
   auto s = broadcast_options(c);
   const size_t n = c.input_shapes.size();
-  for (size_t k = 0; k < n && (!numerator_only || k == 0); ++k) {
+  for (size_t k = 0; k < n; ++k) {
+    if (numerator_only && static_cast<int>(k) != c.dtensor_at(0)) continue;
     if (n == 1 || c.input_shapes[k] == c.out_shape()) {  // the Partial factor must not broadcast
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
         std::vector<Placement> in(n, Replicate());
@@ -101,6 +112,14 @@ RuleResult product_rule(const RuleCall& c, bool numerator_only) {
   return s;
 }
 
+// Casting a part keeps a Partial's meaning: sum and avg between floating types, max and min through any
+// order-preserving cast.
+bool cast_keeps(ReduceOp op, at::ScalarType from, at::ScalarType to) {
+  auto floating = [](at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); };
+  if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return floating(from) && floating(to);
+  return to != at::kBool && !at::isComplexType(from) && !at::isComplexType(to);
+}
+
 RuleResult identity_rule(const RuleCall& c) { return identity_options(c.input_shapes[0].size()); }
 
 // _to_copy(x, dtype, ...): a cast keeps a Partial only where it commutes with the reduction: sum and avg
@@ -110,16 +129,10 @@ RuleResult to_copy_rule(const RuleCall& c) {
   const auto& args = *c.args;
   const at::ScalarType from = args[0].toTensor().scalar_type();
   const at::ScalarType to = args.size() > 1 && args[1].isInt() ? args[1].toScalarType() : from;
-  auto floating = [](at::ScalarType t) { return at::isFloatingType(t) || at::isComplexType(t); };
   std::vector<AxisStrategy> s;
   for (AxisStrategy& o : identity_options(c.input_shapes[0].size())) {
     const Placement& p = o.inputs[0];
-    if (p.is_partial()) {
-      const bool linear = p.op == ReduceOp::kSum || p.op == ReduceOp::kAvg;
-      const bool ok = linear ? floating(from) && floating(to)
-                             : to != at::kBool && !at::isComplexType(from) && !at::isComplexType(to);
-      if (!ok) continue;
-    }
+    if (p.is_partial() && !cast_keeps(p.op, from, to)) continue;
     s.push_back(std::move(o));
   }
   return s;
@@ -138,6 +151,45 @@ std::vector<AxisStrategy> unpartial_options(size_t ndim, size_t n_out) {
 // communication.
 RuleResult like_rule(const RuleCall& c) {
   auto s = unpartial_options(c.input_shapes[0].size(), 1);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
+    s.push_back({{Partial(op)}, Replicate()});
+  return s;
+}
+
+// copy_(self, src) and copy(self, src): the result is src (cast to self's dtype, broadcast to self's shape),
+// laid out as self may be: aligned shards, or src's parts as self's parts (a Partial of either kind, where
+// the cast keeps it). A 0-d plain src is a scalar: every part holds it, right for avg, max and min.
+RuleResult copy_rule(const RuleCall& c) {
+  auto s = broadcast_options(c);
+  const at::ScalarType to = (*c.args)[0].toTensor().scalar_type();
+  const bool tensor_src = c.input_shapes.size() == 2;
+  const at::ScalarType from = tensor_src ? (*c.args)[1].toTensor().scalar_type() : to;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (tensor_src && c.input_shapes[1] == c.input_shapes[0] && cast_keeps(op, from, to)) {
+      s.push_back({{Partial(op), Partial(op)}, Partial(op)});
+    } else if (!tensor_src && op != ReduceOp::kSum) {
+      s.push_back({{Partial(op)}, Partial(op)});
+    }
+  }
+  return s;
+}
+
+// fill_(self, value) and fill(self, value): every placement but Partial(sum) holds the value in every part;
+// the functional form turns a Partial(sum) into Replicate (in place, the handler redistributes that back).
+RuleResult fill_rule(const RuleCall& c) {
+  auto s = unpartial_options(c.input_shapes[0].size(), 1);
+  for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
+    s.push_back({{Partial(op)}, Partial(op)});
+  s.push_back({{Partial(ReduceOp::kSum)}, Replicate()});
+  return s;
+}
+
+// new_empty_strided, new_empty, new_zeros, new_ones, new_full: read only self's dtype and device. The result
+// keeps self's shards where it has self's shape; otherwise it is Replicate.
+RuleResult new_rule(const RuleCall& c) {
+  const size_t ndim = c.input_shapes[0].size();
+  const bool same_shape = c.out_shape() == c.input_shapes[0];
+  auto s = unpartial_options(same_shape ? ndim : 0, 1);
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
     s.push_back({{Partial(op)}, Replicate()});
   return s;
@@ -242,6 +294,13 @@ void add_pointwise(RuleTable& t) {
     t[op] = {identity_rule};
   }
   t["aten::_to_copy"] = {to_copy_rule};
+  for (const char* op : {"aten::copy_", "aten::copy"}) t[op] = {copy_rule};
+  for (const char* op : {"aten::zero_", "aten::zero"}) t[op] = {identity_rule};  // zero parts: 0 for every op
+  for (const char* op : {"aten::fill_.Scalar", "aten::fill.Scalar"}) t[op] = {fill_rule};
+  for (const char* op : {"aten::new_empty_strided", "aten::new_empty", "aten::new_zeros", "aten::new_ones",
+                         "aten::new_full"}) {
+    t[op] = {new_rule};
+  }
   for (const char* op : {"aten::ones_like", "aten::zeros_like", "aten::empty_like", "aten::full_like"}) {
     t[op] = {like_rule};
   }

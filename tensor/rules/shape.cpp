@@ -15,6 +15,7 @@
 //     unbind, slice, select
 //   cat, stack                  all R -> R; all P -> P; all S(d) -> S(d') for d other than the joined dim
 //   tril, triu (and in place)   R -> R; P -> P; S(d) -> S(d), the diagonal shifted by the block's offset
+//   as_strided                  R -> R; P -> P, on the block laid out in the input's global geometry (a copy)
 #include <ATen/ATen.h>
 #include <ATen/TensorUtils.h>
 
@@ -261,11 +262,43 @@ RuleResult triangle_rule(const RuleCall& c) {
   return r;
 }
 
+// as_strided(self, size, stride, offset?): positions in self's global layout (its sizes, strides and storage
+// offset, as on one process). Runs on the whole tensor (R) or on each part (P, for every op: it only moves
+// elements): the block is laid into a storage of that geometry and viewed with the op's arguments. The
+// result is a copy; the handler keeps it a view of self's root (tensor/detail/view_sync.h).
+RuleResult as_strided_rule(const RuleCall& c) {
+  RuleResult r(base_options());
+  const at::Tensor& self = (*c.args)[0].toTensor();
+  std::vector<int64_t> sizes = self.sizes().vec(), strides = self.strides().vec();
+  const int64_t offset = self.storage_offset();
+  r.run = [sizes, strides, offset](const c10::OperatorHandle&, torch::jit::Stack& stack, const Choice&,
+                                   const MeshPtr&) {
+    at::Tensor block = stack[0].toTensor();
+    std::vector<int64_t> out_size = stack[1].toIntVector(), out_stride = stack[2].toIntVector();
+    const int64_t out_offset = stack.size() > 3 && !stack[3].isNone() ? stack[3].toInt() : offset;
+    auto end = [](const std::vector<int64_t>& size, const std::vector<int64_t>& stride, int64_t start) {
+      int64_t e = start + 1;
+      for (size_t d = 0; d < size.size(); ++d) {
+        if (size[d] == 0) return start;
+        e += (size[d] - 1) * stride[d];
+      }
+      return e;
+    };
+    at::Tensor storage = at::empty(
+        {std::max(end(sizes, strides, offset), end(out_size, out_stride, out_offset))}, block.options());
+    storage.as_strided(sizes, strides, offset).copy_(block);
+    stack.clear();
+    stack.emplace_back(storage.as_strided(out_size, out_stride, out_offset));
+  };
+  return r;
+}
+
 }  // namespace
 
 void add_shape(RuleTable& t) {
   for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"}) t[op] = {view_rule};
   t["aten::expand"] = {expand_rule};
+  t["aten::as_strided"] = {as_strided_rule};
   t["aten::t"] = {transpose_rule};
   t["aten::transpose.int"] = {transpose_rule};
   t["aten::permute"] = {permute_rule};
