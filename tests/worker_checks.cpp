@@ -69,10 +69,12 @@ at::Tensor partial_part(const at::Tensor& v, comm::ReduceOp op, int64_t k, int64
       return sum_part(v);
     case comm::ReduceOp::kAvg:  // multiples of k, so that P(avg) -> P(sum) (a division by k) stays exact
       return sum_part(v) * static_cast<double>(k);
-    case comm::ReduceOp::kMax:
-      return c == axis % k ? v : v - (1 + at::remainder(idx + c, 3));
-    case comm::ReduceOp::kMin:
-      return c == axis % k ? v : v + (1 + at::remainder(idx + c, 3));
+    case comm::ReduceOp::kMax:    // the coordinate holding the extreme varies by element and axis (not by the
+    case comm::ReduceOp::kMin: {  // others: then some rank holds it on every axis, as the nesting needs)
+      at::Tensor holder = at::remainder(idx + axis, static_cast<double>(k)).eq(static_cast<double>(c));
+      at::Tensor off = 1 + at::remainder(idx + c, 3);
+      return at::where(holder, v, op == comm::ReduceOp::kMax ? v - off : v + off);
+    }
   }
   return v;
 }
