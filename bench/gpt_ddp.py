@@ -134,6 +134,7 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--metrics", default="")
+    ap.add_argument("--op-profile", default="", help="write an op-by-op CPU profile of the steps after the second (JSON, as dtrain's DTRAIN_OP_PROFILE)")
     ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer (optimizer state sharded) under DDP")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard on each block and the root (ZeRO-3's peer)")
     ap.add_argument("--tp", type=int, default=1, help="DTensor tensor parallel: colwise q/k/v and fc, rowwise projections")
@@ -192,8 +193,17 @@ def main():
             mode.__exit__(None, None, None)
             print(f"collectives_per_step {mode.get_total_counts()} {dict((str(k).split('.')[-1], v) for k, v in mode.get_comm_counts().items())}")
         opt.step()
+        if a.op_profile and step == 2:  # the first two steps warm up, as in dtrain's profile
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         if out:
             out.write(json.dumps({"step": step, "loss": loss.item(), "elapsed_s": time.perf_counter() - t0}) + "\n")
+    if a.op_profile and a.steps > 2:
+        prof.__exit__(None, None, None)
+        if rank == 0:
+            ops = {e.key: {"calls": e.count, "self_us": e.self_cpu_time_total} for e in prof.key_averages()}
+            with open(a.op_profile, "w") as f:
+                json.dump({"tool": "pytorch", "steps": a.steps - 2, "ops": ops}, f, indent=1)
     if a.dcp_save or a.dcp_load:  # PyTorch's peer of dtrain's checkpoints (bench/run_ckpt.sh)
         import torch.distributed.checkpoint as dcp
 

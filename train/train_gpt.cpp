@@ -30,6 +30,7 @@
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
 #include "train/config.h"
+#include "train/op_profile.h"
 #include "train/text_data.h"
 
 namespace dtrain::train {
@@ -444,6 +445,10 @@ int train_gpt(const TrainOptions& options) {
   }
   auto report = std::make_shared<Report>();
   trainer.add_callback(report);
+  // An op-by-op profile of the steps after the second (train/op_profile.h), for bench/compare_ops.py.
+  if (const char* profile = std::getenv("DTRAIN_OP_PROFILE"); profile != nullptr && *profile != '\0') {
+    trainer.add_callback(std::make_shared<OpProfile>(profile));
+  }
   if (lead) print_layout(o, trainer, zero_stage);
   const int64_t first_step = trainer.first_step();
   trainer.fit();
