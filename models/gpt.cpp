@@ -9,6 +9,17 @@
 
 namespace dtrain::models {
 
+namespace {
+
+// A Linear layer as PyTorch's Python runs it: aten::linear, which folds a [B, T, C] input into one addmm with
+// the bias fused. (torch::nn::Linear's C++ forward runs matmul and then adds the bias for inputs above 2-d:
+// one more op per layer forward and backward; bench/RESULTS.md, "One process against PyTorch, op by op".)
+at::Tensor dense(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
+
+}  // namespace
+
 void GPTConfig::validate() const {
   auto positive = [](const char* name, int64_t v) {
     if (v <= 0) throw ValueError(str_cat("model.", name, " = ", v, " is not positive. Set it to 1 or more."));
@@ -45,12 +56,13 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto heads = [&](const at::Tensor& t) {
     return t.view({t.size(0), t.size(1), t.size(2) / head_dim, head_dim}).transpose(1, 2);
   };
-  at::Tensor y = at::scaled_dot_product_attention(heads(q(x)), heads(k(x)), heads(v(x)), std::nullopt,
-                                                  is_training() ? dropout : 0.0, /*is_causal=*/true);
+  at::Tensor y =
+      at::scaled_dot_product_attention(heads(dense(q, x)), heads(dense(k, x)), heads(dense(v, x)),
+                                       std::nullopt, is_training() ? dropout : 0.0, /*is_causal=*/true);
   // [B, H, T, hd] -> [B, T, H * hd]
   y = y.transpose(1, 2).contiguous();
   y = y.view({y.size(0), y.size(1), y.size(2) * head_dim});
-  return resid_drop(proj(y));
+  return resid_drop(dense(proj, y));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) {
@@ -59,7 +71,7 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
 }
 
-at::Tensor MLPImpl::forward(const at::Tensor& x) { return drop(proj(at::gelu(fc(x)))); }
+at::Tensor MLPImpl::forward(const at::Tensor& x) { return drop(dense(proj, at::gelu(dense(fc, x)))); }
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
