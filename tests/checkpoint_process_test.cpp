@@ -277,6 +277,25 @@ TEST(CheckpointDeterministic, DefaultCommandGivesTheSameBitsAtOneTwoAndFourRanks
   fs::remove_all(dir);
 }
 
+// DTRAIN_OP_PROFILE (train/op_profile.h): the ops of steps 3 to the last, not the evaluation after it. One
+// layer's six linear layers run as one addmm each (at::linear), so 3 profiled steps hold exactly 18.
+TEST(OpProfile, CountsTheStepsAfterTheSecondAndNotTheEvaluation) {
+  const fs::path dir = temp_dir();
+  const fs::path profile = dir / "ops.json";
+  Finished f = finish(spawn({DTRAIN_BINARY, "run", "-n", "1", "--", DTRAIN_BINARY, "train", "--steps", "5",
+                             "--layers", "1", "--width", "32", "--heads", "2", "--seq", "16", "--batch", "4"},
+                            {{"DTRAIN_OP_PROFILE", profile.string()}}, dir / "out.txt"),
+                      std::chrono::seconds(120));
+  ASSERT_EQ(f.exit_code(), 0) << f.output;
+  auto j = nlohmann::json::parse(read(profile));
+  EXPECT_EQ(j["tool"], "dtrain");
+  EXPECT_EQ(j["steps"].get<int>(), 3);
+  ASSERT_TRUE(j["ops"].contains("aten::addmm")) << j.dump(1);
+  EXPECT_EQ(j["ops"]["aten::addmm"]["calls"].get<int>(), 18);
+  EXPECT_GT(j["ops"]["aten::addmm"]["self_us"].get<double>(), 0);
+  fs::remove_all(dir);
+}
+
 // SIGKILL of a rank at scripted points of a save (half-way through its shard file; rank 0 after the manifest,
 // before the rename; after the rename, before `latest` moves): the previous checkpoint is `latest`, verifies
 // and resumes.
