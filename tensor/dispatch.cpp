@@ -78,11 +78,14 @@ int viewed_argument(const c10::FunctionSchema& schema, size_t r) {
   return -1;
 }
 
+// Any return is a view (looked up once per op: every call asks).
 bool returns_view(const c10::FunctionSchema& schema) {
-  for (size_t r = 0; r < schema.returns().size(); ++r) {
-    if (viewed_argument(schema, r) >= 0) return true;
-  }
-  return false;
+  thread_local std::unordered_map<const void*, bool> views;
+  auto it = views.find(&schema);
+  if (it != views.end()) return it->second;
+  bool view = false;
+  for (size_t r = 0; r < schema.returns().size() && !view; ++r) view = viewed_argument(schema, r) >= 0;
+  return views[&schema] = view;
 }
 
 // Runs `op` by its sharding rule (planned by cached_plan): redistributes the inputs, runs on the blocks, and

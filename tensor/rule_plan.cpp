@@ -19,8 +19,7 @@ namespace {
 
 // A meta tensor with `t`'s global sizes, strides and storage offset.
 at::Tensor meta_like(const at::Tensor& t) {
-  int64_t extent = t.storage_offset() + 1;
-  for (int64_t d = 0; d < t.dim(); ++d) extent += std::max<int64_t>(t.size(d) - 1, 0) * t.stride(d);
+  const int64_t extent = storage_extent(t.sizes().vec(), t.strides().vec(), t.storage_offset());
   return at::empty({extent}, t.options().device(at::kMeta))
       .as_strided(t.sizes(), t.strides(), t.storage_offset());
 }

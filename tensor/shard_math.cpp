@@ -49,6 +49,16 @@ std::string mixed_partials(const Placements& placements) {
   return "";
 }
 
+int64_t storage_extent(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                       int64_t offset) {
+  int64_t end = offset + 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return offset;
+    end += (sizes[d] - 1) * strides[d];
+  }
+  return end;
+}
+
 Placements check_placements(const char* who, const Placements& placements, int64_t ndim, int64_t mesh_ndim) {
   if (static_cast<int64_t>(placements.size()) != mesh_ndim) {
     throw ValueError(str_cat(who, ": ", placements.size(), " placements ", to_string(placements), " for a ",

@@ -44,4 +44,9 @@ Placements check_placements(const char* who, const Placements& placements, int64
 // with max/min) reduces differently in each order: this says which mix it is ("" when there is none).
 std::string mixed_partials(const Placements& placements);
 
+// One past the largest storage position of a tensor with these sizes, strides and storage offset (the
+// offset itself when it has no element): the storage a view of that geometry needs.
+int64_t storage_extent(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                       int64_t offset);
+
 }  // namespace dtrain::tensor

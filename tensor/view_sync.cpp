@@ -38,12 +38,7 @@ at::Tensor positions(c10::IntArrayRef shape, const std::vector<int64_t>& offset,
 
 // One past the largest position of a tensor's elements.
 int64_t extent(const at::Tensor& t) {
-  int64_t end = t.storage_offset() + 1;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) == 0) return t.storage_offset();
-    end += (t.size(d) - 1) * t.stride(d);
-  }
-  return end;
+  return storage_extent(t.sizes().vec(), t.strides().vec(), t.storage_offset());
 }
 
 bool zero_part(const DTensorMeta& m) {

@@ -119,3 +119,12 @@ TEST(ShardMath, ParsePlacements) {
 }
 
 }  // namespace
+
+// The storage a geometry needs, worked out by hand for a few layouts.
+TEST(ShardMath, StorageExtentIsTheLastPositionPlusOne) {
+  EXPECT_EQ(storage_extent({7, 5}, {5, 1}, 0), 35);
+  EXPECT_EQ(storage_extent({3}, {5}, 2), 13);  // select(1, 2) of a [3, 5]
+  EXPECT_EQ(storage_extent({5, 7}, {1, 5}, 0), 35);
+  EXPECT_EQ(storage_extent({4, 0}, {1, 1}, 6), 6);  // no element
+  EXPECT_EQ(storage_extent({}, {}, 4), 5);          // a 0-d tensor at position 4
+}

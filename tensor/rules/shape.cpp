@@ -276,16 +276,9 @@ RuleResult as_strided_rule(const RuleCall& c) {
     at::Tensor block = stack[0].toTensor();
     std::vector<int64_t> out_size = stack[1].toIntVector(), out_stride = stack[2].toIntVector();
     const int64_t out_offset = stack.size() > 3 && !stack[3].isNone() ? stack[3].toInt() : offset;
-    auto end = [](const std::vector<int64_t>& size, const std::vector<int64_t>& stride, int64_t start) {
-      int64_t e = start + 1;
-      for (size_t d = 0; d < size.size(); ++d) {
-        if (size[d] == 0) return start;
-        e += (size[d] - 1) * stride[d];
-      }
-      return e;
-    };
     at::Tensor storage = at::empty(
-        {std::max(end(sizes, strides, offset), end(out_size, out_stride, out_offset))}, block.options());
+        {std::max(storage_extent(sizes, strides, offset), storage_extent(out_size, out_stride, out_offset))},
+        block.options());
     storage.as_strided(sizes, strides, offset).copy_(block);
     stack.clear();
     stack.emplace_back(storage.as_strided(out_size, out_stride, out_offset));
