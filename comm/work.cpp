@@ -81,6 +81,17 @@ std::exception_ptr Work::engine_error(const std::string& what,
     }
   }
   std::string diag = diagnosis();
+  if (info_.dead_peers) {
+    std::string dead = info_.dead_peers();
+    if (!dead.empty()) {
+      return std::make_exception_ptr(CommError(str_cat(
+          describe(info_), ": ", dead,
+          " exited before this rank finished it: its process is dead, not late (it died while this rank "
+          "waited for it: killed, crashed or returned early; its own output and exit status say which). The "
+          "engine reported: ",
+          what, diag.empty() ? "" : " ", diag)));
+    }
+  }
   return std::make_exception_ptr(
       CommError(str_cat(describe(info_), " failed while waiting for ranks ", peers_str(info_.peers), ": ",
                         what, diag.empty() ? "" : " ", diag)));

@@ -32,6 +32,10 @@ struct OpInfo {
   std::function<std::string()> diagnose;
   // A failure another rank reported (FailureBoard), read while the op waits; nullopt when none. May be null.
   std::function<std::optional<std::string>()> abort_reason;
+  // Names the peers whose processes are known to have ended ("rank 1 (pid 5776)", comma-separated), "" when
+  // none is known. Read when the engine fails: a peer's connections close a moment before its process is
+  // seen as ended, so it looks again for a short, bounded while. May be null (no way to tell).
+  std::function<std::string()> dead_peers;
   // What every rank must agree on before the engine moves data (collectives only; see Backend): which
   // collective, dtype, total elements, hash of per-rank counts, reduce op, root (-1: none). kind 0: no check.
   std::array<int64_t, kSignatureFields> signature{};
@@ -101,7 +105,6 @@ class CompletedWork : public Work {
   bool wait_until(Clock::time_point) override { return true; }
   bool poll() override { return true; }
 };
-
 
 // "[rank r/N] all_reduce (seq 7, gloo, group world)": the head of every message about an op.
 std::string describe(const OpInfo& info);

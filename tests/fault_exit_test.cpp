@@ -68,9 +68,9 @@ TEST(FaultDeadPeer, KilledRankOnAnotherLauncherIsNamedDeadWithinTwoSeconds) {
     const std::string report = read_file(dir / "cut0.txt");
     ASSERT_EQ(report.rfind("elapsed_ms ", 0), 0u) << report << read_file(dir / "node0.txt");
     EXPECT_LT(std::atol(report.c_str() + 11), 2000) << report;
-    EXPECT_NE(report.find("rank 1 (pid " + std::to_string(rank1) +
-                          ") exited without entering it: its process is "
-                          "dead, not late (it died while this rank waited for it"),
+    // (before entering the op: the agreement board sees it; after: the engine's connection reset, then /proc)
+    EXPECT_NE(report.find("rank 1 (pid " + std::to_string(rank1) + ") exited "), std::string::npos) << report;
+    EXPECT_NE(report.find("its process is dead, not late (it died while this rank waited for it"),
               std::string::npos)
         << report;
     std::printf("round %d: node 0 ended %.2f s after the kill; rank 0: %s", round, took, report.c_str());

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -371,7 +372,25 @@ GlooBackend::~GlooBackend() {
 // callback runs on the group's own worker thread, which the group joins before it is freed, and a strong
 // reference released there would destroy the group on its own thread (join of itself: std::terminate).
 WorkPtr GlooBackend::issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start) {
-  if (shm_) return issue_shm_agreement(std::move(info), std::move(start));
+  if (shm_) {
+    // A killed peer's connections close during its exit, a moment before /proc shows it ended: looked at
+    // again for up to 300 ms, on the error path only.
+    info.dead_peers = [shm = shm_, ranks = global_ranks(), peers = info.peers] {
+      const Clock::time_point until = Clock::now() + std::chrono::milliseconds(300);
+      for (;;) {
+        std::string dead;
+        for (size_t g = 0; g < ranks.size(); ++g) {
+          int pid = 0;
+          if (std::find(peers.begin(), peers.end(), ranks[g]) == peers.end()) continue;
+          if (shm->exited(static_cast<int>(g), &pid))
+            dead += str_cat(dead.empty() ? "" : ", ", "rank ", ranks[g], " (pid ", pid, ")");
+        }
+        if (!dead.empty() || Clock::now() >= until) return dead;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling /proc, bounded above
+      }
+    };
+    return issue_shm_agreement(std::move(info), std::move(start));
+  }
   return issue_engine_agreement(std::move(info), std::move(start));
 }
 

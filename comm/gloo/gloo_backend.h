@@ -72,7 +72,7 @@ class GlooBackend : public Backend {
   int issuer_pending_ = 0;  // guarded by sequencer_->mu: collectives the issuer has yet to queue
   // The agreement board when every rank of the group shares this host (nullptr: Gloo's all_gather); used by
   // the issuer thread, so destroyed after it.
-  std::unique_ptr<ShmAgreement> shm_;
+  std::shared_ptr<ShmAgreement> shm_;  // (shared with the ops' dead-peer checks, which outlive none of it)
   std::shared_ptr<std::atomic<bool>> closing_ = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<SerialThread> issuer_;  // queues collectives issued before earlier ones settled; destroyed
                                           // before pg_
