@@ -13,6 +13,10 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 test -f "$work/prefix/lib/cmake/dtrain/dtrainConfig.cmake"
 test -f "$work/prefix/include/dtrain/train/trainer.h"
+# the public headers only: no module's detail/ headers
+if found=$(find "$work/prefix/include" -path '*/detail/*' | head -3) && [ -n "$found" ]; then
+  echo "the installed tree holds internal headers: $found"; exit 1
+fi
 cmake -S "$src/examples/trainer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,6 +64,23 @@ inline Job run_worker(const std::string& backend, int n, const std::string& suit
   for (const auto& [k, v] : env) unsetenv(k.c_str());
   job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return job;
+}
+
+// Every one of the job's `n` ranks reported success ("ok N", N > 0 checks) and the launcher returned 0; the
+// job's folder is then removed.
+inline void expect_all_ok(const Job& job, int n) {
+  EXPECT_EQ(job.rc, 0);
+  for (int r = 0; r < n; ++r) {
+    std::string report = read_file(job.dir / ("rank" + std::to_string(r) + ".txt"));
+    EXPECT_EQ(report.rfind("ok ", 0), 0u) << "rank " << r << " reported:\n" << report;
+    EXPECT_GT(std::atoi(report.c_str() + 3), 0) << "rank " << r << " ran no checks";
+  }
+  fs::remove_all(job.dir);
+}
+
+// "gloo_3ranks": the test name suffix of a (backend, ranks) parameter.
+inline std::string backend_ranks_name(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
 }
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for a job's MASTER_PORT).

@@ -1,0 +1,142 @@
+// Process tier, DTensor: redistribution, ops with sharding rules (the validation matrix, check mode), the
+// hardening cases and models::GPT on DTensors, on real ranks against plain-libtorch references computed in
+// one process (tests/worker_dtensor.cpp, worker_ops.cpp, worker_hardening.cpp, worker_gpt.cpp); `dtrain
+// explain`.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "launch/launcher.h"
+#include "tests/process_job.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using dtrain::test::backend_ranks_name;
+using dtrain::test::expect_all_ok;
+using dtrain::test::free_port;
+using dtrain::test::Job;
+using dtrain::test::read_file;
+using dtrain::test::run_worker;
+
+// DTensor redistribution on real collectives: every source -> target pair on 1-d meshes of 1-4 ranks and on a
+// 2x2 mesh, uneven shape (7, 5), values exact, collectives issued as planned.
+class Redistribute : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Redistribute, EveryPairExactAndAsPlanned) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "redistribute");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, Redistribute,
+                         ::testing::Combine(::testing::Values("gloo", "mpi"), ::testing::Values(1, 2, 3, 4)),
+                         backend_ranks_name);
+
+// DTensor creation, pointwise ops, the gather fallback, strict mode, and nn::Linear + AdamW on DTensor
+// parameters.
+class DTensorE2E : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(DTensorE2E, MatchesPlainLibtorch) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "dtensor");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DTensorE2E,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("mpi", 2)),
+                         backend_ranks_name);
+
+// The validation matrix of the ops with sharding rules (tests/worker_ops.cpp): sampled input placement
+// combinations, forward and backward, equal the plain op; no combination gathers; refusals are the listed
+// ones. On a line of 2, 3 and 4 ranks and the 2-d meshes 1x3, 3x1 (3 ranks) and 2x2 (4 ranks), on both
+// engines. The sample's seed is printed (DTRAIN_MATRIX_SEED replays another).
+class OpMatrix : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(OpMatrix, EveryPlacementCombinationIsExact) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "ops", "120");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpMatrix,
+                         ::testing::Combine(::testing::Values("gloo", "mpi"), ::testing::Values(2, 3, 4)),
+                         backend_ranks_name);
+
+// Check mode (DTRAIN_DTENSOR_CHECK=1): every op's decision is compared across ranks, so a decision that
+// read a rank's own block (uneven at 3 ranks) fails on every rank instead of diverging.
+TEST(CheckMode, OpMatrixAtThreeRanks) {
+  Job job = run_worker("gloo", 3, "ops", "60", {{"DTRAIN_DTENSOR_CHECK", "1"}});
+  expect_all_ok(job, 3);
+}
+
+TEST(CheckMode, GPTLayoutsAtThreeRanks) {
+  Job job = run_worker("gloo", 3, "gpt", "60", {{"DTRAIN_DTENSOR_CHECK", "1"}});
+  expect_all_ok(job, 3);
+}
+
+// DTensor hardening: each case once gave a wrong result, diverged or failed on one rank (worker_hardening).
+class Hardening : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Hardening, ExactAndAlikeOnEveryRank) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "hardening");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Hardening,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
+                                           std::make_tuple("mpi", 3)),
+                         backend_ranks_name);
+
+// models::GPT on DTensors, one forward + backward + AdamW step, equal to the same model on one process: data
+// parallel (even and uneven batch), Megatron tensor parallel and, at 4 ranks, the 2x2 combination.
+class GPTEndToEnd : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(GPTEndToEnd, LayoutsMatchOneProcess) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "gpt");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GPTEndToEnd,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 4), std::make_tuple("mpi", 4)),
+                         backend_ranks_name);
+
+// `dtrain explain` prints the planner's choice for a 2x2-mesh redistribution next to the naive route, reading
+// the profile written above when given one; a bad placement is exit code 2 with the reason.
+TEST(Explain, PrintsThePlanFor2x2Mesh) {
+  char tmpl[] = "/tmp/dtrain_comm_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  std::string out = (dir / "out.txt").string();
+  std::string cmd = std::string(DTRAIN_BINARY) +
+                    " explain --mesh 2,2 --shape 1000,999 --from 'S(0),P(sum)' --to 'R,S(1)' > " + out +
+                    " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+  std::string text = read_file(out);
+  EXPECT_NE(text.find("axis 1: P(sum)  -> S(1)    reduce_scatter"), std::string::npos) << text;
+  EXPECT_NE(text.find("naive route"), std::string::npos) << text;
+  cmd = std::string(DTRAIN_BINARY) + " explain --mesh 2,2 --shape 4,4 --from 'S(0),Q' --to R,R > " + out +
+        " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
+  EXPECT_NE(read_file(out).find("placement \"Q\" is not one of"), std::string::npos) << read_file(out);
+  fs::remove_all(dir);
+}
+
+}  // namespace
