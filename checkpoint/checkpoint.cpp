@@ -22,8 +22,8 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
 
 namespace dtrain::checkpoint {
 
@@ -89,16 +89,6 @@ Region region_from(const nlohmann::json& j, const std::vector<int64_t>& shape) {
   return r;
 }
 
-// Test-only: DTRAIN_TEST_KILL_DURING_SAVE="<rank>:<point>:<step>" kills this process with SIGKILL at `point`
-// of the save of step `step` (write: half-way through its shard file; commit: rank 0, the manifest written,
-// before the rename; latest: rank 0, after the rename, before `latest` moves), as a machine dying there
-// would.
-void test_kill_point(int rank, const char* point, int64_t step) {
-  const char* spec = std::getenv("DTRAIN_TEST_KILL_DURING_SAVE");
-  if (spec == nullptr) return;
-  if (std::string(spec) == str_cat(rank, ":", point, ":", step)) ::raise(SIGKILL);
-}
-
 struct Block {  // one block of this rank's shard file
   std::string key;
   Region region;
@@ -146,7 +136,7 @@ FileInfo write_shard(const std::string& path, std::vector<Block>& blocks, int ra
       if ((unkicked += len) >= kKick) f.start_writeback(), unkicked = 0;
     }
     written += static_cast<int64_t>(bytes);
-    if (written >= at / 2) test_kill_point(rank, "write", step);
+    if (written >= at / 2) fault_point("save_write", step);
   }
   f.sync();
   f.close();
@@ -170,7 +160,7 @@ void remove_tree(const std::string& path) {
 void commit(const std::string& root, const std::string& partial, const std::string& name, int64_t step,
             int64_t keep) {
   const std::string final_dir = root + "/" + name;
-  test_kill_point(0, "commit", step);
+  fault_point("save_commit", step);
   if (fs::exists(final_dir)) {
     if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
       throw ValueError(str_cat("checkpoint: cannot replace ", final_dir, ": ", std::strerror(errno), "."));
@@ -184,7 +174,7 @@ void commit(const std::string& root, const std::string& partial, const std::stri
     }
     sync_dir(root);
   }
-  test_kill_point(0, "latest", step);
+  fault_point("save_latest", step);
   write_file_atomic(root + "/latest", name + "\n");
   if (keep <= 0) return;
   std::vector<std::string> steps;
@@ -297,7 +287,7 @@ std::string save(const std::string& root, int64_t step, const std::vector<Piece>
     char file[32];
     std::snprintf(file, sizeof file, "rank-%05d.safetensors", rank);
     info = write_shard(partial + "/" + file, blocks, rank, step);
-    test_freeze_point("save", step);
+    fault_point("save", step);
   });
   nlohmann::json summary{{"name", info.name},
                          {"bytes", info.bytes},

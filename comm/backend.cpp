@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
+#include "core/fault_injection.h"
 
 namespace dtrain::comm {
 
@@ -120,7 +120,7 @@ OpInfo Backend::begin(const char* op, std::vector<int> peers, const Timeout& tim
   if (collective) {
     info.seq = ++collective_seq_;
     board_->enter(info.seq, op);
-    if (group_id_ == "world") test_freeze_point("collective", static_cast<int64_t>(info.seq));
+    if (group_id_ == "world") fault_point("collective", static_cast<int64_t>(info.seq));
     std::shared_ptr<ProgressBoard> board = board_;
     uint64_t seq = info.seq;
     std::vector<int> waited = info.peers;

@@ -9,7 +9,7 @@
 #include "comm/failing.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
+#include "core/fault_injection.h"
 
 namespace dtrain::comm {
 
@@ -77,7 +77,7 @@ struct BoundedStore::State {
       }
       std::exception_ptr error;
       static std::atomic<int64_t> sent{0};  // (this process's store accesses, for the test hook)
-      test_freeze_point("store", ++sent);
+      fault_point("store", ++sent);
       if (StoreClock::now() >= task.deadline) {
         error = std::make_exception_ptr(CommError("the caller stopped waiting before the call started"));
       } else {

@@ -15,7 +15,7 @@
 #include "comm/mpi/mpi_backend.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
+#include "core/fault_injection.h"
 
 namespace dtrain::comm {
 
@@ -51,7 +51,7 @@ BackendPtr create_gloo(const RankInfo& info, std::chrono::milliseconds timeout, 
     so.secret = job_secret_from_env(env);
     so.timeout = timeout;
     store = open_job_store(so).store;
-    test_freeze_point("start", 0);
+    fault_point("start", 0);
   }
   std::vector<int> global(info.world_size);
   for (int r = 0; r < info.world_size; ++r) global[r] = r;

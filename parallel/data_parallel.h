@@ -65,14 +65,6 @@ struct DataParallelOptions {
 // cycle to tune. ValueError naming the variable for a bad value.
 DataParallelOptions with_horovod_env(DataParallelOptions base);
 
-// Rows [start, start + count) of `rows` that part `index` of `parts` takes: as even as possible, the first
-// rows % parts parts one row more (16 rows on 3 ranks: 6, 5, 5). Pure.
-struct RowRange {
-  int64_t start = 0;
-  int64_t count = 0;
-};
-RowRange split_rows(int64_t rows, int64_t parts, int64_t index);
-
 // Model-state memory of one rank, in bytes (DESIGN §5).
 struct ModelStateMemory {
   int64_t parameters = 0;
@@ -127,31 +119,9 @@ class DataParallel {
   ModelStateMemory memory(const torch::optim::Optimizer* optimizer = nullptr) const;
   const comm::BackendPtr& group() const;
 
-  struct Impl;
-
  private:
-  friend class Zero;
-  // zero_stage 1, 2 or 3: gradients reduce-scattered to their owners (parallel/zero.h).
-  // `replicate` (hsdp, stage 3 only; may be null): the same shards' holders in the other shard groups.
-  DataParallel(torch::nn::Module& module, comm::BackendPtr group, DataParallelOptions opts, int zero_stage,
-               comm::BackendPtr replicate);
-  // ZeRO: this rank's shard of each bucket's parameters (leaf tensors on the parameters' storage).
-  std::vector<at::Tensor> shard_parameters() const;
-  // ZeRO: all-gathers every rank's shards into the parameters.
-  void gather_parameters();
-  // ZeRO: which parameter each run of this rank's shard of each bucket holds.
-  struct ShardSegment {
-    size_t bucket = 0;
-    std::string param;
-    int64_t offset = 0, count = 0;  // elements into the bucket's shard
-    int64_t param_offset = 0;       // elements into the parameter (row-major) where the run starts
-    std::vector<int64_t> sizes;     // the parameter's (this rank's tensor-parallel part's) shape
-  };
-  std::vector<ShardSegment> shard_segments() const;
-  // ZeRO: each bucket's shard sizes, per group rank.
-  std::vector<std::vector<int64_t>> shard_counts() const;
-
-  std::shared_ptr<Impl> impl_;  // shared with ZeRO-3's parameters, which gather through it
+  struct State;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace dtrain::parallel

@@ -16,14 +16,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "parallel/data_parallel.h"
-#include "parallel/detail/data_parallel_impl.h"
-#include "parallel/parallelize.h"
+#include "parallel/detail/grad_buckets.h"
 #include "tensor/comm_log.h"
 
-namespace dtrain::parallel {
-
-using namespace detail;
+namespace dtrain::parallel::detail {
 
 namespace {
 
@@ -45,30 +41,7 @@ void record(const char* what, tensor::StepKind kind, int64_t bytes, Clock::time_
 
 }  // namespace
 
-std::vector<int64_t> DataParallel::Impl::shard_counts(int64_t numel) const {
-  const int64_t n = group->group_size();
-  std::vector<int64_t> counts;
-  if (!opts.deterministic) {
-    for (int64_t r = 0; r < n; ++r) counts.push_back(split_rows(numel, n, r).count);
-    return counts;
-  }
-  const int64_t blocks = (numel + kDetBlock - 1) / kDetBlock;
-  for (int64_t r = 0; r < n; ++r) {
-    const RowRange b = split_rows(blocks, n, r);
-    counts.push_back(
-        std::max<int64_t>(0, std::min(numel, (b.start + b.count) * kDetBlock) - b.start * kDetBlock));
-  }
-  return counts;
-}
-
-std::vector<std::vector<int64_t>> DataParallel::shard_counts() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  std::vector<std::vector<int64_t>> out;
-  for (const auto& b : impl_->buckets) out.push_back(b.counts);
-  return out;
-}
-
-void DataParallel::Impl::det_finish_pass() {
+void GradBuckets::det_finish_pass() {
   std::lock_guard<std::mutex> lock(mu);
   in_pass = false;
   at::NoGradGuard no_grad;
@@ -105,7 +78,7 @@ void DataParallel::Impl::det_finish_pass() {
   if (sync) det_reduce();
 }
 
-void DataParallel::Impl::det_reduce() {
+void GradBuckets::det_reduce() {
   if (partials.size() != 1) {
     int64_t count = 0;
     for (const auto& p : partials) count += p.leaves;
@@ -123,7 +96,7 @@ void DataParallel::Impl::det_reduce() {
   for (size_t k = 0; k < buckets.size(); ++k) {
     Bucket& b = buckets[k];
     at::Tensor& flat = mine.flats[k];
-    const std::vector<int64_t> counts = zero_stage == 0 ? shard_counts(b.numel) : b.counts;
+    const std::vector<int64_t> counts = flat_cut(b.numel, n, true);
     at::Tensor part;
     if (n == 1) {
       part = flat;
@@ -134,74 +107,25 @@ void DataParallel::Impl::det_reduce() {
       record("deterministic", tensor::StepKind::kAllToAll, bytes_of(flat), t0);
       part = tree_sum(received.view({n, counts[me]}));
     }
-    if (zero_stage == 0) {
-      if (n == 1) {
-        b.flat.copy_(part);
-      } else {
-        group->all_gather_v(b.flat, part.contiguous(), counts)->wait();
-        record("deterministic", tensor::StepKind::kAllGather, bytes_of(b.flat), t0);
-      }
-      for (int i : b.params) params[i].tensor.mutable_grad() = slice(params[i]);
-    } else if (zero_stage == 1) {  // the reduced shard in its place in the full bucket, as finish_pass
-      at::Tensor own = alias(b.flat, b.start, {counts[me]});
-      own.copy_(part);
-      b.shard_param.mutable_grad() = own;
-    } else {
-      b.shard_grad = alias(part, 0, {counts[me]});  // (not a view: optimizers detach_() their gradients)
-      b.shard_param.mutable_grad() = b.shard_grad;
-      b.flat = at::Tensor();
-    }
+    reduction->det_land(k, part, counts);
   }
   timeline = PassTimeline{};
   timeline.end_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (zero_stage == 3) release_units();
+  reduction->after_pass();
   ++passes;
   sync_buffers();
 }
 
-at::Tensor Parallelized::gradient_block_squares() const {
-  DTRAIN_ASSERT(zero_ != nullptr, "gradient_block_squares is for ZeRO");
-  constexpr int64_t kBlock = DataParallel::Impl::kDetBlock;
-  const auto counts = zero_->shard_counts();
-  std::vector<at::Tensor> shards;
-  for (const auto& g : zero_->optimizer().param_groups()) {
-    for (const auto& p : g.params()) shards.push_back(p);
+void GradBuckets::det_gather_parts(size_t k, const at::Tensor& part, const std::vector<int64_t>& counts) {
+  Bucket& b = buckets[k];
+  if (group->group_size() == 1) {
+    b.flat.copy_(part);
+  } else {
+    const auto t0 = Clock::now();
+    group->all_gather_v(b.flat, part.contiguous(), counts)->wait();
+    record("deterministic", tensor::StepKind::kAllGather, bytes_of(b.flat), t0);
   }
-  DTRAIN_ASSERT(shards.size() == counts.size(), "one optimizer tensor per ZeRO bucket");
-  const int64_t n = world_->group_size(), me = world_->group_rank();
-  auto blocks = [&](int64_t count) { return (count + kBlock - 1) / kBlock; };
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> mine;
-  std::vector<int64_t> per_rank(n, 0);
-  for (size_t k = 0; k < shards.size(); ++k) {
-    for (int64_t r = 0; r < n; ++r) per_rank[r] += blocks(counts[k][r]);
-    const at::Tensor g = shards[k].grad();
-    const int64_t count = counts[k][me], full = count / kBlock;
-    if (count == 0) continue;
-    at::Tensor sq = g.defined() ? g.detach().to(at::kDouble).pow(2) : at::zeros({count}, at::kDouble);
-    if (full > 0) mine.push_back(sq.narrow(0, 0, full * kBlock).view({full, kBlock}).sum(1));
-    if (count > full * kBlock)
-      mine.push_back(sq.narrow(0, full * kBlock, count - full * kBlock).sum().view({1}));
-  }
-  at::Tensor local = mine.empty() ? at::zeros({0}, at::kDouble) : at::cat(mine);
-  int64_t total = 0;
-  for (int64_t c : per_rank) total += c;
-  at::Tensor all = at::empty({total}, at::kDouble);
-  const auto t0 = Clock::now();
-  world_->all_gather_v(all, local, per_rank)->wait();
-  record("clip_grad_norm", tensor::StepKind::kAllGather, total * 8, t0);
-  // rank-major as gathered; put in bucket-major order (the same at any world size)
-  std::vector<at::Tensor> ordered;
-  std::vector<int64_t> at_rank(n, 0);
-  for (int64_t r = 1; r < n; ++r) at_rank[r] = at_rank[r - 1] + per_rank[r - 1];
-  for (size_t k = 0; k < counts.size(); ++k) {
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t c = blocks(counts[k][r]);
-      if (c > 0) ordered.push_back(all.narrow(0, at_rank[r], c));
-      at_rank[r] += c;
-    }
-  }
-  return ordered.empty() ? at::zeros({0}, at::kDouble) : at::cat(ordered);
+  for (int i : b.params) params[i].tensor.mutable_grad() = slice(params[i]);
 }
 
-}  // namespace dtrain::parallel
+}  // namespace dtrain::parallel::detail

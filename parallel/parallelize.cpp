@@ -249,6 +249,11 @@ std::string Parallelized::placement_of(const std::string& param) const {
   return tp.empty() ? dp : str_cat(tp, ", ", dp);
 }
 
+at::Tensor Parallelized::gradient_block_squares() const {
+  DTRAIN_ASSERT(zero_ != nullptr, "gradient_block_squares is for ZeRO");
+  return zero_->gradient_block_squares();
+}
+
 size_t Parallelized::bucket_count() const {
   return zero_ ? zero_->buckets().size() : dp_ ? dp_->buckets().size() : 0;
 }

@@ -1,5 +1,6 @@
 // Tensor-parallel plans and parameters; see tensor_parallel.h. The kernels are in tp_ops.cpp.
 #include "parallel/tensor_parallel.h"
+#include "core/balanced_split.h"
 
 #include <ATen/ATen.h>
 
@@ -10,7 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/data_parallel.h"
-#include "parallel/detail/data_parallel_impl.h"
+#include "parallel/detail/grad_buckets.h"
 #include "parallel/detail/tp.h"
 #include "tensor/comm_log.h"
 #include "tensor/layout_keys.h"
@@ -85,7 +86,7 @@ std::shared_ptr<const ParamRole> role_of(const at::Tensor& t) {
 
 std::vector<int64_t> split_lengths(int64_t length, int64_t n) {
   std::vector<int64_t> out;
-  for (int64_t r = 0; r < n; ++r) out.push_back(split_rows(length, n, r).count);
+  for (int64_t r = 0; r < n; ++r) out.push_back(balanced_part(length, n, r).count);
   return out;
 }
 
@@ -145,7 +146,7 @@ TensorParallel::Part part_for(const std::string& what, const TPStyle& s, int dim
                              " ranks of the group: each rank needs at least one. Use a ",
                              "tensor-parallel degree of at most ", units, "."));
   }
-  RowRange r = split_rows(units, n, me);
+  Range r = balanced_part(units, n, me);
   return TensorParallel::Part{dim, r.start * s.unit, r.count * s.unit, size};
 }
 

@@ -1,6 +1,6 @@
 // The kernels of tensor parallelism (tensor_parallel.h): on kTensorParallelKey, matmul, mm, addmm, linear and
-// embedding with a styled weight wrap the local op in its block's collectives; on kLossParallelKey, the
-// loss-parallel cross entropy. Every other op falls through the key. The collectives are autograd functions
+// embedding with a styled weight wrap the local op in its block's collectives (the loss-parallel cross
+// entropy is in tp_loss.cpp). Every other op falls through the key. The collectives are autograd functions
 // (Megatron's f and g, and the sequence-parallel all-gather / reduce-scatter pair), so that backward issues
 // each one's dual.
 #include <ATen/ATen.h>
@@ -11,9 +11,10 @@
 
 #include <chrono>
 
+#include "comm/along_dim.h"
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "parallel/data_parallel.h"
 #include "parallel/detail/tp.h"
 #include "tensor/layout_keys.h"
 
@@ -25,7 +26,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Clock = std::chrono::steady_clock;
 constexpr c10::DispatchKey kTP = tensor::kTensorParallelKey;
-constexpr c10::DispatchKey kLP = tensor::kLossParallelKey;
 
 // What a region function needs: the group, the module it runs for (CommLog's cause), and for the
 // sequence-dim and feature-dim collectives the dim and every rank's length along it.
@@ -64,51 +64,24 @@ at::Tensor all_reduce_copy(const at::Tensor& x, const Holder& h, comm::ReduceOp 
   return y;
 }
 
-// Every rank's part along `dim` (lens[r] long), concatenated in rank order.
+// Every rank's part along `dim` (lens[r] long), concatenated in rank order (comm/along_dim.h).
 at::Tensor gather_dim(const at::Tensor& x, const Holder& h) {
-  const int64_t d = h.dim < 0 ? h.dim + x.dim() : h.dim;
-  const int64_t me = h.group->group_rank();
-  if (x.size(d) != h.lens[me]) {
-    throw ValueError(str_cat(rank_prefix(), " tensor parallel (", h.cause, "): this rank holds ", x.size(d),
-                             " rows along dim ", d, " of ", x.sizes(), " where the split gives it ",
-                             h.lens[me], ". Every rank of the group must see the same input."));
-  }
-  at::Tensor m = x.movedim(d, 0).contiguous();
-  const int64_t rest = x.size(d) == 0 ? 0 : m.numel() / x.size(d);
-  std::vector<int64_t> counts;
-  int64_t total = 0;
-  for (int64_t l : h.lens) {
-    counts.push_back(l * rest);
-    total += l;
-  }
-  std::vector<int64_t> sizes = m.sizes().vec();
-  sizes[0] = total;
-  at::Tensor out = at::empty(sizes, m.options());
-  at::Tensor out_flat = out.view({-1});
   const auto t0 = Clock::now();
-  h.group->all_gather_v(out_flat, m.view({-1}), counts)->wait();
-  log_collective(h.cause, tensor::StepKind::kAllGather, m.numel() * m.element_size(), group_size(h),
+  at::Tensor out =
+      comm::all_gather_along(h.group, x, h.dim, h.lens, str_cat("tensor parallel (", h.cause, ")"));
+  log_collective(h.cause, tensor::StepKind::kAllGather, x.numel() * x.element_size(), group_size(h),
                  since(t0));
-  return out.movedim(0, d).contiguous();
+  return out;
 }
 
 // This rank's part along `dim` of the sum over the ranks of `x` (whole along dim).
 at::Tensor reduce_scatter_dim(const at::Tensor& x, const Holder& h) {
-  const int64_t d = h.dim < 0 ? h.dim + x.dim() : h.dim;
-  const int64_t me = h.group->group_rank();
-  at::Tensor m = x.movedim(d, 0).contiguous();
-  const int64_t rest = x.size(d) == 0 ? 0 : m.numel() / x.size(d);
-  std::vector<int64_t> counts;
-  for (int64_t l : h.lens) counts.push_back(l * rest);
-  std::vector<int64_t> sizes = m.sizes().vec();
-  sizes[0] = h.lens[me];
-  at::Tensor out = at::empty(sizes, m.options());
-  at::Tensor out_flat = out.view({-1});
   const auto t0 = Clock::now();
-  h.group->reduce_scatter_v(out_flat, m.view({-1}), counts)->wait();
-  log_collective(h.cause, tensor::StepKind::kReduceScatter, m.numel() * m.element_size(), group_size(h),
+  at::Tensor out = comm::reduce_scatter_along(h.group, x, h.dim, h.lens, comm::ReduceOp::kSum,
+                                              str_cat("tensor parallel (", h.cause, ")"));
+  log_collective(h.cause, tensor::StepKind::kReduceScatter, x.numel() * x.element_size(), group_size(h),
                  since(t0));
-  return out.movedim(0, d).contiguous();
+  return out;
 }
 
 // Megatron's f: identity forward; the input's gradient is the sum of every rank's part (all-reduce).
@@ -164,40 +137,6 @@ struct GatherFeatures : torch::autograd::Function<GatherFeatures> {
   }
 };
 
-// Loss-parallel logits: this rank's vocabulary columns [start, start + count) of `global`.
-struct LogitsInfo {
-  comm::BackendPtr group;
-  std::string cause;
-  int64_t start = 0, count = 0, global = 0;
-};
-struct LogitsMeta : c10::BackendMeta {  // on the logits' TensorImpl
-  explicit LogitsMeta(LogitsInfo info) : info(std::move(info)) {}
-  c10::intrusive_ptr<c10::BackendMeta> clone(const c10::intrusive_ptr<c10::BackendMeta>&) const override {
-    return c10::make_intrusive<LogitsMeta>(info);
-  }
-  LogitsInfo info;
-};
-struct LogitsHolder : torch::CustomClassHolder {  // through autograd functions
-  explicit LogitsHolder(LogitsInfo info) : info(std::move(info)) {}
-  LogitsInfo info;
-};
-c10::IValue hold_logits(LogitsInfo info) {
-  return c10::IValue::make_capsule(c10::make_intrusive<LogitsHolder>(std::move(info)));
-}
-const LogitsInfo& held_logits(const c10::IValue& v) {
-  return static_cast<const LogitsHolder*>(v.toCapsule().get())->info;
-}
-
-// Marks logits as loss-parallel (kLossParallelKey, LogitsMeta); identity for autograd.
-struct MarkLogits : torch::autograd::Function<MarkLogits> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x, c10::IValue info) {
-    at::Tensor y = tensor::with_layout_keys(x.detach(), c10::DispatchKeySet(kLP));
-    y.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<LogitsMeta>(held_logits(info)));
-    return y;
-  }
-  static variable_list backward(AutogradContext*, variable_list g) { return {g[0], at::Tensor()}; }
-};
-
 // x @ wt (+ b) on this rank's part of a styled weight (wt: [in, out]), with its backward, both with the
 // tensor-parallel key excluded: autograd's own formulas would run the weight's products through the kernels
 // below again.
@@ -222,47 +161,6 @@ struct LocalLinear : torch::autograd::Function<LocalLinear> {
     if (ctx->needs_input_grad(1)) gw = at::mm(x.reshape({-1, x.size(-1)}).t(), g2);
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) gb = g2.sum(0);
     return {gx, gw, gb};
-  }
-};
-
-// Cross entropy over logits split by vocabulary: the row max (all-reduce max), then the sum of exponentials
-// and the target's logit (one all-reduce of both); backward is local (softmax minus the one-hot target).
-struct LossParallelCrossEntropy : torch::autograd::Function<LossParallelCrossEntropy> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
-                            c10::IValue info, int64_t reduction, int64_t ignore_index) {
-    c10::impl::ExcludeDispatchKeyGuard guard(kLP);
-    const LogitsInfo& m = held_logits(info);
-    Holder h;
-    h.group = m.group;
-    h.cause = m.cause + " (loss parallel)";
-    at::Tensor l = logits.detach();
-    at::Tensor mx = all_reduce_copy(std::get<0>(l.max(1)), h, comm::ReduceOp::kMax);
-    at::Tensor e = (l - mx.unsqueeze(1)).exp();
-    at::Tensor in_range = (target >= m.start) & (target < m.start + m.count);
-    at::Tensor local = at::where(in_range, target - m.start, at::zeros_like(target));
-    at::Tensor mine = l.gather(1, local.unsqueeze(1)).squeeze(1) * in_range.to(l.scalar_type());
-    at::Tensor both = all_reduce_copy(at::stack({e.sum(1), mine}), h);
-    at::Tensor valid = (target != ignore_index).to(l.scalar_type());
-    at::Tensor per = (both[0].log() + mx - both[1]) * valid;
-    const double n_valid = valid.sum().item<double>();
-    ctx->save_for_backward({e / both[0].unsqueeze(1), local, in_range, valid});
-    ctx->saved_data["reduction"] = reduction;
-    ctx->saved_data["n_valid"] = n_valid;
-    if (reduction == at::Reduction::None) return per;
-    return reduction == at::Reduction::Sum ? per.sum() : per.sum() / n_valid;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    auto saved = ctx->get_saved_variables();
-    at::Tensor grad = saved[0].clone();
-    grad.scatter_add_(1, saved[1].unsqueeze(1), -saved[2].to(grad.scalar_type()).unsqueeze(1));
-    grad.mul_(saved[3].unsqueeze(1));
-    const int64_t reduction = ctx->saved_data["reduction"].toInt();
-    if (reduction == at::Reduction::None) {
-      grad.mul_(g[0].unsqueeze(1));
-    } else {
-      grad.mul_(reduction == at::Reduction::Sum ? g[0] : g[0] / ctx->saved_data["n_valid"].toDouble());
-    }
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -346,8 +244,7 @@ at::Tensor tp_linear(const at::Tensor& x, const at::Tensor& wt, const at::Tensor
       at::Tensor y = local(input_region(x, r), wt, bias);
       if (!active(r)) return y;
       if (r.style.kind == TPStyle::Kind::kVocab && r.style.loss_parallel) {
-        return MarkLogits::apply(y,
-                                 hold_logits(LogitsInfo{r.tp->group, r.module, r.start, r.count, r.global}));
+        return mark_loss_parallel(y, r.tp->group, r.module, r.start, r.count, r.global);
       }
       if (r.style.kind == TPStyle::Kind::kVocab || r.style.gather_output) {
         return GatherFeatures::apply(y, hold(r.tp, r.module, -1, feature_lens(r), r.start));
@@ -373,16 +270,6 @@ at::Tensor tp_linear(const at::Tensor& x, const at::Tensor& wt, const at::Tensor
 }
 
 using Stack = torch::jit::Stack;
-
-at::Tensor arg(Stack* s, size_t n, size_t i) {
-  const c10::IValue& v = (*s)[s->size() - n + i];
-  return v.isTensor() ? v.toTensor() : at::Tensor();
-}
-
-void finish(Stack* s, size_t n, at::Tensor out) {
-  torch::jit::drop(*s, n);
-  torch::jit::push(*s, std::move(out));
-}
 
 // The role of a weight, nullptr for a tensor without the key; a tensor with the key but no known role is
 // refused rather than multiplied as if it were whole.
@@ -470,7 +357,7 @@ void embedding_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Sta
       std::lock_guard<std::mutex> lock(r.tp->mu);
       r.tp->seq_len = T;
     }
-    const int64_t start = split_rows(T, n, me).start;
+    const int64_t start = balanced_part(T, n, me).start;
     return finish(s, 5, e.narrow(-2, start, split_lengths(T, n)[me]));
   }
   if (r.style.kind != TPStyle::Kind::kVocab || r.dim != 0) {
@@ -489,44 +376,6 @@ void embedding_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Sta
   finish(s, 5, output_region(e, r));
 }
 
-// cross_entropy_loss(logits, target, weight, reduction, ignore_index, label_smoothing) on loss-parallel
-// logits.
-void cross_entropy_kernel(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
-  const at::Tensor logits = arg(s, 6, 0), target = arg(s, 6, 1), weight = arg(s, 6, 2);
-  const int64_t reduction = (*s)[s->size() - 3].toInt();
-  const int64_t ignore = (*s)[s->size() - 2].toSymInt().expect_int();
-  const double smoothing = (*s)[s->size() - 1].toDouble();
-  c10::TensorImpl* base =
-      logits.is_view() ? logits._base().unsafeGetTensorImpl() : logits.unsafeGetTensorImpl();
-  auto* meta = dynamic_cast<LogitsMeta*>(base->get_backend_meta());
-  DTRAIN_ASSERT(meta != nullptr, "loss-parallel logits without their layout");
-  if (weight.defined() || smoothing != 0.0 || logits.dim() != 2 || target.dim() != 1 ||
-      logits.size(1) != meta->info.count) {
-    throw NotSupportedError(str_cat(
-        rank_prefix(),
-        " tensor parallel: the loss-parallel cross entropy takes logits [N, vocabulary part] (got ",
-        logits.sizes(), ", this rank's part ", meta->info.count, ") and targets [N] (got ", target.sizes(),
-        "), without class weights or label smoothing. Flatten the logits to [-1, size(-1)], or use "
-        "VocabParallel(/*loss_parallel=*/false) for whole logits."));
-  }
-  finish(s, 6, LossParallelCrossEntropy::apply(logits, target, hold_logits(meta->info), reduction, ignore));
-}
-
-// Loss-parallel logits: views pass, anything else would see one part of the vocabulary.
-void loss_parallel_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* s) {
-  const auto& schema = op.schema();
-  const auto& args = schema.arguments();
-  const auto& rets = schema.returns();
-  const bool view = !args.empty() && rets.size() == 1 && args[0].alias_info() != nullptr &&
-                    rets[0].alias_info() != nullptr && !args[0].alias_info()->isWrite();
-  if (view) return op.redispatchBoxed(ks.remove(kLP), s);
-  throw ValueError(
-      str_cat(rank_prefix(), " tensor parallel: ", schema.name(),
-              " on loss-parallel logits (each rank holds its part of the vocabulary): only views and "
-              "cross_entropy may read them. For whole logits (sampling, accuracy) use "
-              "VocabParallel(/*loss_parallel=*/false)."));
-}
-
 }  // namespace
 
 void ensure_tp_kernels() {
@@ -540,10 +389,7 @@ void ensure_tp_kernels() {
     ops.impl("addmm", torch::CppFunction::makeFromBoxedFunction<&addmm_kernel>());
     ops.impl("linear", torch::CppFunction::makeFromBoxedFunction<&linear_kernel>());
     ops.impl("embedding", torch::CppFunction::makeFromBoxedFunction<&embedding_kernel>());
-    static torch::Library refuse(torch::Library::IMPL, "_", kLP, __FILE__, __LINE__);
-    refuse.fallback(torch::CppFunction::makeFromBoxedFunction<&loss_parallel_fallback>());
-    static torch::Library loss(torch::Library::IMPL, "aten", kLP, __FILE__, __LINE__);
-    loss.impl("cross_entropy_loss", torch::CppFunction::makeFromBoxedFunction<&cross_entropy_kernel>());
+    register_loss_parallel_kernels();
   });
 }
 

@@ -1,4 +1,5 @@
-// DeepSpeed ZeRO stages 1, 2 and 3 for any torch::nn::Module, on data parallel's buckets (data_parallel.h):
+// DeepSpeed ZeRO stages 1, 2 and 3 for any torch::nn::Module, on the gradient buckets it shares with data
+// parallel (detail/grad_buckets.h):
 // each bucket's gradients are reduce-scattered during backward, so that each rank gets the average of its
 // shard only; the user's torch::optim optimizer, built by a factory over this rank's shards, keeps state for
 // them alone (stage 1: optimizer state sharded); stage 2 also lets each full gradient bucket go once reduced
@@ -58,6 +59,10 @@ class OnMetaDevice {
   bool previous_;
 };
 
+namespace detail {
+struct ZeroState;
+}
+
 class Zero {
  public:
   // Collective over `group`, as DataParallel's constructor (module check, rank 0's weights broadcast), then
@@ -68,6 +73,9 @@ class Zero {
   // ranks holding the same shards in the other shard groups; null or one rank: none).
   Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
        DataParallelOptions opts = {}, comm::BackendPtr replicate = nullptr);
+  ~Zero();  // removes the hooks; stage 3's parameters let go of their shards
+  Zero(const Zero&) = delete;
+  Zero& operator=(const Zero&) = delete;
 
   int stage() const { return stage_; }
   // The optimizer over this rank's shards (for its learning rate, or a scheduler).
@@ -78,27 +86,40 @@ class Zero {
   // into the shards), then every rank's shards all-gathered into the parameters.
   void step(const std::function<void()>& after_optimizer = {});
   // Gradient accumulation, as DataParallel::set_requires_gradient_sync.
-  void set_requires_gradient_sync(bool sync) { dp_.set_requires_gradient_sync(sync); }
+  void set_requires_gradient_sync(bool sync);
   // Parameters, gradients (stage 1: the full gradient buckets, this rank's shard reduced in them; stage 2:
   // this rank's reduced shards), optimizer state (this rank's shards), buffers, and communication buffers
   // held at the moment (stage 2's full buckets while a backward needs them).
-  ModelStateMemory memory() const { return dp_.memory(optimizer_.get()); }
-  std::vector<std::vector<std::string>> buckets() const { return dp_.buckets(); }
+  ModelStateMemory memory() const;
+  // Parameter names per bucket, in the order the buckets are reduced.
+  std::vector<std::vector<std::string>> buckets() const;
   // Which parameter each run of this rank's shard of each bucket holds (the optimizer's tensors are the
   // buckets' shards, in bucket order).
-  std::vector<DataParallel::ShardSegment> shard_segments() const { return dp_.shard_segments(); }
-  PassTimeline last_pass() const { return dp_.last_pass(); }
+  struct ShardSegment {
+    size_t bucket = 0;
+    std::string param;
+    int64_t offset = 0, count = 0;  // elements into the bucket's shard
+    int64_t param_offset = 0;       // elements into the parameter (row-major) where the run starts
+    std::vector<int64_t> sizes;     // the parameter's (this rank's tensor-parallel part's) shape
+  };
+  std::vector<ShardSegment> shard_segments() const;
+  PassTimeline last_pass() const;
   // Each bucket's shard sizes, per rank of the group.
-  std::vector<std::vector<int64_t>> shard_counts() const { return dp_.shard_counts(); }
+  std::vector<std::vector<int64_t>> shard_counts() const;
   // This rank's shard of each bucket (the tensors the optimizer factory was given), in bucket order.
-  std::vector<at::Tensor> shards() const { return dp_.shard_parameters(); }
+  std::vector<at::Tensor> shards() const;
   // After the shards were written other than by step() (a checkpoint loaded into them): stages 1 and 2
   // all-gather them into the parameters, stage 3 lets its gathered units go. Collective over the group.
-  void shards_changed() { dp_.gather_parameters(); }
+  void shards_changed();
+  // The step's gradients as sums of squares per block of 1024 elements of each bucket (deterministic mode's
+  // blocks), every rank's blocks gathered in bucket and block order (one all-gather of doubles over the
+  // group): the same tensor at any group size in deterministic mode, whose shards are cut at block edges.
+  // optim::clip_grad_norm's norm there.
+  at::Tensor gradient_block_squares() const;
 
  private:
   int stage_;
-  DataParallel dp_;
+  std::shared_ptr<detail::ZeroState> state_;  // shared with stage 3's parameters, which gather through it
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

@@ -12,6 +12,8 @@
 #include <numeric>
 #include <optional>
 
+#include "comm/along_dim.h"
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/comm_log.h"
@@ -20,36 +22,6 @@
 namespace dtrain::tensor {
 
 namespace {
-
-// Elements in one row of `t` along `dim` (the product of the other sizes).
-int64_t row_numel(const at::Tensor& t, int64_t dim) {
-  int64_t n = 1;
-  for (int64_t i = 0; i < t.dim(); ++i) {
-    if (i != dim) n *= t.size(i);
-  }
-  return n;
-}
-
-// Shape of `t` with dim `dim` set to `rows`.
-std::vector<int64_t> with_rows(const at::Tensor& t, int64_t dim, int64_t rows) {
-  std::vector<int64_t> s = t.sizes().vec();
-  s[dim] = rows;
-  return s;
-}
-
-std::vector<int64_t> counts_of(int64_t n, int64_t k, int64_t per_row) {
-  std::vector<int64_t> c(k);
-  for (int64_t r = 0; r < k; ++r) c[r] = shard_size(n, k, r) * per_row;
-  return c;
-}
-
-// `t` with dim `dim` first, contiguous and flat; and back.
-at::Tensor rows_first(const at::Tensor& t, int64_t dim) { return t.movedim(dim, 0).contiguous().view({-1}); }
-at::Tensor rows_back(const at::Tensor& flat, std::vector<int64_t> shape, int64_t dim) {
-  std::vector<int64_t> moved = shape;
-  std::rotate(moved.begin(), moved.begin() + dim, moved.begin() + dim + 1);
-  return flat.view(moved).movedim(0, dim).contiguous();
-}
 
 class Runner {
  public:
@@ -67,13 +39,9 @@ class Runner {
     const auto& group = mesh_.axis_group(a);
     switch (s.kind) {
       case StepKind::kAllGather: {
-        int d = s.from.dim;
-        int64_t per_row = row_numel(x, d);
-        at::Tensor out = at::empty({block[d] * per_row}, x.options());
-        at::Tensor in = rows_first(x, d);
-        record(s, in);
-        group->all_gather_v(out, in, counts_of(block[d], k, per_row))->wait();
-        return rows_back(out, with_rows(x, d, block[d]), d);
+        const int d = s.from.dim;
+        record(s, x);
+        return comm::all_gather_along(group, x, d, balanced_counts(block[d], k), "redistribute");
       }
       case StepKind::kAllReduce: {
         at::Tensor y = x.contiguous().clone();
@@ -82,14 +50,10 @@ class Runner {
         return y;
       }
       case StepKind::kReduceScatter: {
-        int d = s.to.dim;
-        int64_t per_row = row_numel(x, d);
-        auto counts = counts_of(block[d], k, per_row);
-        at::Tensor in = rows_first(x, d);
-        at::Tensor out = at::empty({counts[c]}, x.options());
-        record(s, in);
-        group->reduce_scatter_v(out, in, counts, {s.from.op})->wait();
-        return rows_back(out, with_rows(x, d, shard_size(block[d], k, c)), d);
+        const int d = s.to.dim;
+        record(s, x);
+        return comm::reduce_scatter_along(group, x, d, balanced_counts(block[d], k), s.from.op,
+                                          "redistribute");
       }
       case StepKind::kAllToAll: {
         // Before: rows of dim i are sharded (mine: shard c of block[i]), dim j is whole (block[j]).

@@ -3,13 +3,14 @@
 
 #include <algorithm>
 
+#include "core/balanced_split.h"
 #include "core/error.h"
 
 namespace dtrain::tensor {
 
-int64_t shard_size(int64_t n, int64_t k, int64_t r) { return n / k + (r < n % k ? 1 : 0); }
+int64_t shard_size(int64_t n, int64_t k, int64_t r) { return balanced_part(n, k, r).count; }
 
-int64_t shard_offset(int64_t n, int64_t k, int64_t r) { return r * (n / k) + std::min(r, n % k); }
+int64_t shard_offset(int64_t n, int64_t k, int64_t r) { return balanced_part(n, k, r).start; }
 
 LocalChunk local_chunk(const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh_shape,
                        const Placements& placements, const std::vector<int64_t>& coordinate) {

@@ -12,7 +12,7 @@
 
 namespace dtrain::tensor {
 
-// Rows that part r of k holds of a dim of n rows.
+// Rows that part r of k holds of a dim of n rows (core/balanced_split.h).
 int64_t shard_size(int64_t n, int64_t k, int64_t r);
 // Index of the first of those rows.
 int64_t shard_offset(int64_t n, int64_t k, int64_t r);

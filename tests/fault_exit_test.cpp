@@ -1,7 +1,7 @@
 // Fault tier, exit paths (CTest label `fault`): how fast a job ends once a rank is gone. A rank killed
 // (SIGKILL) is named as gone by the others in under 2 s, wherever its launcher is; a rank frozen (SIGSTOP) at
-// any point of a run (core/test_hooks.h) ends the job within the timeout and a few seconds, every time, since
-// no exit path starts a new deadline of its own (comm/failing.h).
+// any point of a run (core/fault_injection.h) ends the job within the timeout and a few seconds, every time,
+// since no exit path starts a new deadline of its own (comm/failing.h).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -116,7 +116,7 @@ const std::vector<std::string> kTrainArgs{"--log-every", "1000", "--steps", "100
 
 struct FreezeCase {
   int rank;           // the rank that freezes
-  std::string point;  // core/test_hooks.h
+  std::string point;  // core/fault_injection.h
   int n;
 };
 

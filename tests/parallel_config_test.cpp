@@ -2,6 +2,7 @@
 // communication.
 #include <gtest/gtest.h>
 
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "parallel/parallelize.h"
 
@@ -83,12 +84,12 @@ TEST(ParallelConfig, DegreesAreCheckedUpFront) {
   EXPECT_NE(message(two_d, 4).find("tp 3 does not divide the world size 4"), std::string::npos);
 }
 
-TEST(SplitRows, EvenAsPossibleAndCovering) {
+TEST(BalancedSplit, EvenAsPossibleAndCovering) {
   for (int64_t rows : {0, 1, 5, 16, 17}) {
     for (int64_t parts = 1; parts <= 4; ++parts) {
       int64_t next = 0;
       for (int64_t i = 0; i < parts; ++i) {
-        RowRange r = split_rows(rows, parts, i);
+        Range r = balanced_part(rows, parts, i);
         EXPECT_EQ(r.start, next) << rows << " rows, part " << i << " of " << parts;
         EXPECT_GE(r.count, rows / parts);
         EXPECT_LE(r.count, rows / parts + 1);
@@ -97,8 +98,10 @@ TEST(SplitRows, EvenAsPossibleAndCovering) {
       EXPECT_EQ(next, rows);
     }
   }
-  EXPECT_EQ(split_rows(16, 3, 0).count, 6);
-  EXPECT_EQ(split_rows(16, 3, 2).count, 5);
+  EXPECT_EQ(balanced_part(16, 3, 0).count, 6);
+  EXPECT_EQ(balanced_part(16, 3, 2).count, 5);
+  EXPECT_EQ(balanced_counts(16, 3), (std::vector<int64_t>{6, 5, 5}));
+  EXPECT_EQ(balanced_counts(2, 4), (std::vector<int64_t>{1, 1, 0, 0}));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "models/checkpoint.h"
 #include "models/gpt.h"
@@ -89,7 +90,7 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
     ref_opt->step();
 
     par->zero_grad();
-    parallel::RowRange mine = parallel::split_rows(B, ndp, dp_rank);
+    Range mine = balanced_part(B, ndp, dp_rank);
     at::Tensor rows = w.narrow(0, mine.start, mine.count);
     at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
     (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B))).backward();
@@ -206,7 +207,7 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
     // all-reduce tells them); under ZeRO, whose reduced gradients live in the shards, and tensor parallel, in
     // its loss.
     const bool poison = step == cell.inf_step && me == n - 1;
-    const parallel::RowRange mine = parallel::split_rows(B, ndp, dp_rank);
+    const Range mine = balanced_part(B, ndp, dp_rank);
     double share = 0;  // this rank's part of the step's loss
     par->zero_grad();
     for (int64_t k = 0; k < cell.acc; ++k) {
@@ -424,7 +425,7 @@ void check_checkpointing(const comm::BackendPtr& world, const std::string& strat
       (l / static_cast<double>(acc)).backward();
       ref_loss += l.item<double>() / static_cast<double>(acc);
       par->set_requires_gradient_sync(k == acc - 1);
-      const parallel::RowRange mine = parallel::split_rows(B, ndp, dp_rank);
+      const Range mine = balanced_part(B, ndp, dp_rank);
       at::Tensor rows = w.narrow(0, mine.start, mine.count);
       at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
       (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B * acc))).backward();

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "comm/work.h"
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "models/gpt.h"
@@ -108,8 +109,8 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
     double share = 0;
     for (int64_t k = 0; k < accumulation; ++k) {
       tensor::CommLog::instance().clear();
-      parallel::RowRange micro = parallel::split_rows(B, accumulation, k);
-      parallel::RowRange mine = parallel::split_rows(micro.count, n, me);
+      Range micro = balanced_part(B, accumulation, k);
+      Range mine = balanced_part(micro.count, n, me);
       at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
       const bool last = k == accumulation - 1;
       dp ? dp->set_requires_gradient_sync(last) : zero->set_requires_gradient_sync(last);

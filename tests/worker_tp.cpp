@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "models/gpt.h"
 #include "parallel/data_parallel.h"
@@ -133,8 +134,8 @@ void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64
     par->zero_grad();
     double share = 0;
     for (int64_t k = 0; k < acc; ++k) {
-      parallel::RowRange micro = parallel::split_rows(B, acc, k);
-      parallel::RowRange mine = parallel::split_rows(micro.count, ndp, dp_rank);
+      Range micro = balanced_part(B, acc, k);
+      Range mine = balanced_part(micro.count, ndp, dp_rank);
       at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
       par->set_requires_gradient_sync(k == acc - 1);
       tensor::CommLog::instance().clear();

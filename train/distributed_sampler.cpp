@@ -3,8 +3,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "core/balanced_split.h"
 #include "core/error.h"
-#include "parallel/data_parallel.h"
 
 namespace dtrain::train {
 
@@ -39,7 +39,7 @@ at::Tensor DistributedSampler::step_indices(int64_t step) const {
 }
 
 at::Tensor DistributedSampler::rank_indices(int64_t step, int64_t rank, int64_t ranks) const {
-  const parallel::RowRange r = parallel::split_rows(batch_, ranks, rank);
+  const Range r = balanced_part(batch_, ranks, rank);
   return step_indices(step).narrow(0, r.start, r.count);
 }
 

@@ -9,7 +9,7 @@ namespace dtrain::train {
 
 // Which samples of a dataset of `samples` each step takes: epochs of every sample once, in an order drawn
 // from (seed, epoch); step s (1-based) takes the next `batch` of the sequence of epochs, and data-parallel
-// rank r of n the rows parallel::split_rows(batch, n, r) of them. Disjoint across ranks, every sample once
+// rank r of n the rows balanced_part(batch, n, r) of them. Disjoint across ranks, every sample once
 // per epoch (a step that crosses an epoch's end takes the rest of it and the start of the next),
 // deterministic, and a function of the step: a run resumed at any step, mid-epoch included, continues the
 // same sequence.

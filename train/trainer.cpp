@@ -1,5 +1,6 @@
 // The training loop; see trainer.h.
 #include "train/trainer.h"
+#include "core/balanced_split.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,7 +22,7 @@
 #include "checkpoint/training_state.h"
 #include "comm/timeline.h"
 #include "core/error.h"
-#include "core/test_hooks.h"
+#include "core/fault_injection.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
 #include "parallel/data_parallel.h"
@@ -38,14 +39,6 @@ using Clock = std::chrono::steady_clock;
 int restart_count() {
   const char* v = std::getenv("DTRAIN_RESTART_COUNT");
   return v == nullptr ? 0 : std::atoi(v);
-}
-
-// Test-only: DTRAIN_TEST_KILL_AT_STEP="<rank>:<step>" kills this rank with SIGKILL as it begins step `step`,
-// in the group's first attempt only (DTRAIN_RESTART_COUNT unset or 0): a rank lost mid-run.
-void test_kill_at_step(int rank, int64_t step) {
-  const char* spec = std::getenv("DTRAIN_TEST_KILL_AT_STEP");
-  if (spec == nullptr || restart_count() > 0) return;
-  if (std::string(spec) == str_cat(rank, ":", step)) ::raise(SIGKILL);
 }
 
 double rss_mib() { return process_memory_mib("VmRSS"); }
@@ -396,10 +389,8 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
   // scaled by 1/K (the engine sums); otherwise each rank its rows of every micro-batch, averaged over ranks
   const int64_t c = o_.deterministic ? o_.accumulation / n_ : o_.accumulation;
   for (int64_t k = 0; k < c; ++k) {
-    const parallel::RowRange micro =
-        parallel::split_rows(o_.batch, o_.accumulation, o_.deterministic ? me_ * c + k : k);
-    const parallel::RowRange mine =
-        o_.deterministic ? parallel::RowRange{0, micro.count} : parallel::split_rows(micro.count, n_, me_);
+    const Range micro = balanced_part(o_.batch, o_.accumulation, o_.deterministic ? me_ * c + k : k);
+    const Range mine = o_.deterministic ? Range{0, micro.count} : balanced_part(micro.count, n_, me_);
     Batch rows;
     for (const auto& t : global) rows.push_back(t.narrow(0, micro.start + mine.start, mine.count));
     const bool last = k == c - 1;
@@ -488,8 +479,7 @@ void Trainer::fit() {
       comm::timeline::enable(true);
     }
     for (int64_t step = first_step_; step <= o_.steps; ++step) {
-      test_kill_at_step(world_->group_rank(), step);
-      test_freeze_point("step", step);
+      fault_point("step", step);
       tensor::CommLog::instance().clear();  // the log then holds one step
       bool want = log.wants(step);
       for (auto& cb : callbacks_) want = cb->wants_loss(step) || want;

@@ -19,7 +19,7 @@
 #include "comm/mpi/detail/comm_thread.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/test_hooks.h"
+#include "core/fault_injection.h"
 
 namespace dtrain::comm {
 
@@ -249,7 +249,7 @@ std::shared_ptr<MpiBackend> MpiBackend::create_world(std::chrono::milliseconds t
     so.port = setup->port;
     so.secret = setup->secret;
     c10::intrusive_ptr<BoundedStore> store = open_job_store(so).store;
-    test_freeze_point("start", 0);
+    fault_point("start", 0);
     std::vector<int> global(setup->size);
     for (int r = 0; r < setup->size; ++r) global[r] = r;
     return std::shared_ptr<MpiBackend>(

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
 
 #include <memory>
 #include <mutex>
@@ -58,8 +59,23 @@ std::shared_ptr<const ParamRole> role_of(const at::Tensor& t);
 
 // Registers the kernels on the tensor-parallel keys (once per process).
 void ensure_tp_kernels();
+// Loss parallel (tp_loss.cpp): `y`, this rank's vocabulary columns [start, start + count) of `global`, marked
+// as loss-parallel logits; and the kernels on their key (called by ensure_tp_kernels).
+at::Tensor mark_loss_parallel(const at::Tensor& y, const comm::BackendPtr& group, const std::string& module,
+                              int64_t start, int64_t count, int64_t global);
+void register_loss_parallel_kernels();
 
-// Parts of a length split over the group: as split_rows (the first length % n ranks one more).
+// A boxed kernel's argument i of its n (an undefined tensor for None), and its result pushed in their place.
+inline at::Tensor arg(torch::jit::Stack* s, size_t n, size_t i) {
+  const c10::IValue& v = (*s)[s->size() - n + i];
+  return v.isTensor() ? v.toTensor() : at::Tensor();
+}
+inline void finish(torch::jit::Stack* s, size_t n, at::Tensor out) {
+  torch::jit::drop(*s, n);
+  torch::jit::push(*s, std::move(out));
+}
+
+// Parts of a length split over the group: balanced (core/balanced_split.h).
 std::vector<int64_t> split_lengths(int64_t length, int64_t n);
 // A collective the tensor-parallel styles issued, in CommLog under `cause` (the module's name).
 void log_collective(const std::string& cause, tensor::StepKind kind, int64_t bytes, int n, double seconds);
