@@ -76,12 +76,4 @@ Manifest manifest_of_safetensors(const std::string& path, const std::string& pre
 // first file and chunk that fails.
 void verify_files(const std::string& step_dir, const Manifest& m);
 
-// Runs `fn` on every rank of `world`; when it throws on any rank, every rank throws a ValueError (a CommError
-// stays one) with the first failing rank's message, so that no rank goes on, or waits, alone. `what` names
-// the operation in the message.
-void on_every_rank(const comm::BackendPtr& world, const std::string& what, const std::function<void()>& fn);
-
-// Every rank's `text`, in rank order (a collective of two all_gathers).
-std::vector<std::string> all_gather_text(const comm::BackendPtr& world, const std::string& text);
-
 }  // namespace dtrain::checkpoint

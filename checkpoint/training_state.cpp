@@ -17,6 +17,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
+#include "comm/gather_text.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -225,7 +226,7 @@ Resumed TrainingState::load(const std::string& path) {
   std::vector<Slot> slots;
   std::vector<at::Tensor> loaded;
   Manifest m;
-  on_every_rank(par_.world(), "checkpoint load", [&] {
+  comm::on_every_rank(par_.world(), "checkpoint load", [&] {
     res.dir = resolve(path);
     m = read_manifest(res.dir);
     want = pieces(true, &slots);
@@ -358,7 +359,7 @@ void TrainingState::import_weights(const std::string& path) {
   std::vector<Slot> slots;
   std::vector<at::Tensor> loaded;
   Manifest m;
-  on_every_rank(par_.world(), "checkpoint import", [&] {
+  comm::on_every_rank(par_.world(), "checkpoint import", [&] {
     m = manifest_of_safetensors(path, "model/");
     std::set<std::string> ours;
     for (const auto& p : module_.named_parameters()) ours.insert(p.key());

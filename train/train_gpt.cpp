@@ -139,7 +139,7 @@ class Report : public Callback {
   bool measured = false;
 };
 
-void print_layout(const TrainOptions& o, Trainer& t, int zero_stage) {
+void print_layout(const TrainOptions& o, Trainer& t, parallel::Strategy strategy) {
   parallel::Parallelized& par = t.parallelized();
   const int64_t n = t.data_parallel_size();
   if (o.tp > 1) {
@@ -154,10 +154,12 @@ void print_layout(const TrainOptions& o, Trainer& t, int zero_stage) {
       "dtrain train: %ld data-parallel ranks, strategy %s: %zu gradient buckets of up to %.1f MiB, "
       "accumulation %ld\n",
       static_cast<long>(n),
-      zero_stage == 0 ? "dp (Horovod-style data parallel)"
+      strategy == parallel::Strategy::kDataParallel ? "dp (Horovod-style data parallel)"
       : o.shard_size > 0
           ? str_cat("hsdp (ZeRO-3 within groups of ", o.shard_size, " ranks, replicated across them)").c_str()
-          : str_cat("zero", zero_stage, " (DeepSpeed ZeRO stage ", zero_stage, ")").c_str(),
+          : str_cat(parallel::to_string(strategy), " (DeepSpeed ZeRO stage ",
+                    parallel::to_string(strategy) + 4, ")")
+                .c_str(),
       par.bucket_count(), static_cast<double>(bucket_bytes) / (1 << 20), static_cast<long>(o.accumulation));
   if (o.checkpoint_activations) {
     std::printf("dtrain train: activation checkpointing: each of the %ld blocks recomputed in backward\n",
@@ -173,7 +175,8 @@ void print_layout(const TrainOptions& o, Trainer& t, int zero_stage) {
   }
 }
 
-void print_memory(const TrainOptions& o, Trainer& t, const Report& report, int zero_stage, models::GPT& gpt) {
+void print_memory(const TrainOptions& o, Trainer& t, const Report& report, parallel::Strategy strategy,
+                  models::GPT& gpt) {
   const optim::MixedPrecision& mp = t.mixed_precision();
   const optim::Precision precision = mp.precision();
   if (precision != optim::Precision::kFp32) {
@@ -204,14 +207,14 @@ void print_memory(const TrainOptions& o, Trainer& t, const Report& report, int z
     std::printf("model state per rank: %s (fp32 AdamW over %ld parameters%s: %s = %.2f MiB)\n",
                 report.state.to_string().c_str(), static_cast<long>(psi),
                 o.tp > 1 ? " (this rank's tensor-parallel part)" : "",
-                zero_stage == 0   ? "16 bytes each"
-                : zero_stage == 1 ? "8 + 8/N bytes each"
-                : zero_stage == 2 ? "4 + 12/N bytes each"
-                                  : "16/N bytes each",
-                zero_stage == 0   ? 16 * mib
-                : zero_stage == 1 ? (8 + 8.0 / ns) * mib
-                : zero_stage == 2 ? (4 + 12.0 / ns) * mib
-                                  : 16.0 / ns * mib);
+                strategy == parallel::Strategy::kDataParallel ? "16 bytes each"
+                : strategy == parallel::Strategy::kZero1      ? "8 + 8/N bytes each"
+                : strategy == parallel::Strategy::kZero2      ? "4 + 12/N bytes each"
+                                                              : "16/N bytes each",
+                strategy == parallel::Strategy::kDataParallel ? 16 * mib
+                : strategy == parallel::Strategy::kZero1      ? (8 + 8.0 / ns) * mib
+                : strategy == parallel::Strategy::kZero2      ? (4 + 12.0 / ns) * mib
+                                                              : 16.0 / ns * mib);
   }
 }
 
@@ -280,8 +283,9 @@ double available_memory_bytes() {
 // FNV-1a over every parameter's bytes in registration order: runs with the same digest have the same bits
 // (what --deterministic promises across world sizes). Where each rank holds every parameter whole (no ZeRO-3,
 // no tensor parallel); "" elsewhere.
-std::string parameter_digest(torch::nn::Module& m, int zero_stage, int64_t tp) {
-  if (zero_stage == 3 || tp > 1) return "";
+std::string parameter_digest(torch::nn::Module& m, parallel::Strategy strategy, int64_t tp) {
+  if (strategy == parallel::Strategy::kZero3 || strategy == parallel::Strategy::kHybridShard || tp > 1)
+    return "";
   uint64_t h = 1469598103934665603ull;
   for (const at::Tensor& p : m.parameters()) {
     const at::Tensor c = p.detach().contiguous();
@@ -394,7 +398,7 @@ int train_gpt(const TrainOptions& options) {
   }
   check_train_options(o);
   if (world->group_rank() == 0) show_config(o);
-  const int zero_stage = stage_of(parallel::parse_strategy(o.strategy));
+  const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
   const bool lead = world->group_rank() == 0;
   TextCorpus corpus = load_text(o.data);
   const int64_t T = cfg.block_size;
@@ -449,11 +453,11 @@ int train_gpt(const TrainOptions& options) {
   if (const char* profile = std::getenv("DTRAIN_OP_PROFILE"); profile != nullptr && *profile != '\0') {
     trainer.add_callback(std::make_shared<OpProfile>(profile));
   }
-  if (lead) print_layout(o, trainer, zero_stage);
+  if (lead) print_layout(o, trainer, strategy);
   const int64_t first_step = trainer.first_step();
   trainer.fit();
   if (!report->measured) report->measure(trainer);
-  const std::string digest = lead ? parameter_digest(*gpt, zero_stage, o.tp) : "";
+  const std::string digest = lead ? parameter_digest(*gpt, strategy, o.tp) : "";
   const std::string sample = o.sample_bytes > 0 && o.tp == 1 ? generate(gpt, o, T) : "";
   if (lead) {
     print_end(o, trainer, report->val, trainer.last_step_comm(), first_step);
@@ -470,7 +474,7 @@ int train_gpt(const TrainOptions& options) {
         if (!f) std::printf("dtrain train: the sample could not be written to %s\n", o.sample_file.c_str());
       }
     }
-    print_memory(o, trainer, *report, zero_stage, gpt);
+    print_memory(o, trainer, *report, strategy, gpt);
     if (!digest.empty()) {
       std::printf(
           "dtrain train: parameter digest %s (FNV-1a of every parameter's bytes: the same digest, the same "

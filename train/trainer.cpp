@@ -20,6 +20,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/training_state.h"
+#include "comm/gather_text.h"
 #include "comm/timeline.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
@@ -446,7 +447,7 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
 void Trainer::write_timeline() {
   const std::vector<comm::timeline::Event> mine = comm::timeline::take();
   comm::timeline::enable(false);
-  const std::vector<std::string> all = checkpoint::all_gather_text(world_, comm::timeline::events_json(mine));
+  const std::vector<std::string> all = comm::all_gather_text(world_, comm::timeline::events_json(mine));
   if (!lead()) return;
   std::vector<std::vector<comm::timeline::Event>> ranks;
   size_t events = 0;

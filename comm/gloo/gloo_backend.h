@@ -61,6 +61,10 @@ class GlooBackend : public Backend {
   WorkPtr issue(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
   WorkPtr issue_engine_agreement(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
   WorkPtr issue_shm_agreement(OpInfo info, std::function<c10::intrusive_ptr<c10d::Work>()> start);
+  // The collective's number in the group's issue order (*n), and whether every earlier one has settled (it
+  // may then be queued at once; an unsigned one is counted as started); otherwise the issuer thread is owed
+  // it. Rethrows an earlier disagreement; refuses in a failing process.
+  bool take_turn(const OpInfo& info, bool signed_op, uint64_t* n);
 
   // Waits for a c10d send/recv Work on the waiter thread (see gloo_backend.cpp); the Completion says when.
   std::shared_ptr<Completion> wait_in_order(c10::intrusive_ptr<c10d::Work> work, Clock::time_point deadline);
