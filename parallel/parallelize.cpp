@@ -3,7 +3,7 @@
 
 #include "core/error.h"
 #include "mesh/device_mesh.h"
-#include "models/checkpoint.h"
+#include "parallel/detail/strategies.h"
 
 namespace dtrain::parallel {
 
@@ -54,208 +54,144 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
   return s;
 }
 
-namespace {
-
-// ParallelConfig::checkpoint: every pattern must name at least one module, and each one it names must be
-// models::Checkpointable. Checked before anything is switched.
-void apply_checkpointing(torch::nn::Module& module, const std::vector<std::string>& patterns) {
-  std::vector<models::Checkpointable*> chosen;
-  for (const auto& pattern : patterns) {
-    int matched = 0;
-    std::string names;
-    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-      names += str_cat(names.empty() ? "" : ", ", item.key());
-      if (!tp_pattern_matches(pattern, item.key())) continue;
-      ++matched;
-      auto* c = dynamic_cast<models::Checkpointable*>(item.value().get());
-      if (c == nullptr) {
-        throw ValueError(str_cat("parallelize: checkpoint pattern '", pattern, "' names module '", item.key(),
-                                 "', which cannot recompute its activations: it must derive "
-                                 "models::Checkpointable and call models::checkpoint in its forward."));
-      }
-      chosen.push_back(c);
-    }
-    if (matched == 0) {
-      throw ValueError(str_cat("parallelize: checkpoint pattern '", pattern,
-                               "' names no module. The module's submodules: ", names, "."));
-    }
-  }
-  for (auto* c : chosen) c->set_checkpointing(true);
-}
-
-}  // namespace
-
 Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
                            const OptimizerFactory& make)
     : strategy_(validate_parallel_config(config, world->group_size())),
       world_(world),
-      tp_size_(config.tp),
-      shard_size_(config.shard_size),
       deterministic_(config.buckets.deterministic) {
-  // The fixed order: tensor parallel, activation checkpointing, ZeRO, data parallel.
+  composition_.tp_size = config.tp;
+  composition_.world_size = world->group_size();
+  // The fixed order: tensor parallel, activation checkpointing, ZeRO or data parallel.
   if (config.tp > 1) {
     const int64_t n = world->group_size();
     mesh_ = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / config.tp, config.tp},
                                                std::vector<std::string>{"dp", "tp"});
-    tp_ = std::make_unique<TensorParallel>(module, mesh_->axis_group("tp"), config.tp_plan);
+    auto tp =
+        std::make_unique<detail::TensorParallelStrategy>(module, mesh_->axis_group("tp"), config.tp_plan);
+    composition_.tp = &tp->tp;
+    strategies_.push_back(std::move(tp));
     world = mesh_->axis_group("dp");  // the strategy below runs over the data-parallel axis
   }
-  apply_checkpointing(module, config.checkpoint);
-  if (strategy_ == Strategy::kHybridShard) {
-    // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
-    // rule), a replica group the ranks at the same place in each
-    const int64_t n = world->group_size();
-    mesh_ = std::make_shared<mesh::DeviceMesh>(world,
-                                               std::vector<int64_t>{n / config.shard_size, config.shard_size},
-                                               std::vector<std::string>{"replicate", "shard"});
-    zero_ = std::make_unique<Zero>(module, mesh_->axis_group("shard"), 3, make, config.buckets,
-                                   mesh_->axis_group("replicate"));
-    return;
+  if (!config.checkpoint.empty()) {
+    strategies_.push_back(std::make_unique<detail::CheckpointingStrategy>(module, config.checkpoint));
   }
-  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2 || strategy_ == Strategy::kZero3) {
-    const int stage = strategy_ == Strategy::kZero1 ? 1 : strategy_ == Strategy::kZero2 ? 2 : 3;
-    zero_ = std::make_unique<Zero>(module, std::move(world), stage, make, config.buckets);
-    return;
+  const int64_t ndp = world->group_size();
+  switch (strategy_) {
+    case Strategy::kHybridShard: {
+      // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
+      // rule), a replica group the ranks at the same place in each
+      mesh_ = std::make_shared<mesh::DeviceMesh>(
+          world, std::vector<int64_t>{ndp / config.shard_size, config.shard_size},
+          std::vector<std::string>{"replicate", "shard"});
+      strategies_.push_back(
+          std::make_unique<detail::ZeroStrategy>(module, mesh_->axis_group("shard"), 3, make, config.buckets,
+                                                 mesh_->axis_group("replicate"), config.shard_size, ndp));
+      break;
+    }
+    case Strategy::kZero1:
+    case Strategy::kZero2:
+    case Strategy::kZero3: {
+      const int stage = strategy_ == Strategy::kZero1 ? 1 : strategy_ == Strategy::kZero2 ? 2 : 3;
+      strategies_.push_back(std::make_unique<detail::ZeroStrategy>(module, std::move(world), stage, make,
+                                                                   config.buckets, nullptr, 0, ndp));
+      break;
+    }
+    case Strategy::kDataParallel:
+      // (tensor parallel alone, one data-parallel rank: nothing to reduce)
+      if (ndp == 1 && config.tp > 1) {
+        strategies_.push_back(std::make_unique<detail::ModuleOptimizerStrategy>(module, make, ndp));
+      } else {
+        strategies_.push_back(
+            std::make_unique<detail::DataParallelStrategy>(module, std::move(world), config.buckets, make));
+      }
+      break;
   }
-  // (tensor parallel alone, one data-parallel rank: nothing to reduce)
-  if (!(tp_ && world->group_size() == 1)) {
-    dp_ = std::make_unique<DataParallel>(module, std::move(world), config.buckets);
-  }
-  for (const auto& item : module.named_parameters()) {
-    given_.push_back(item.value());
-    given_names_.push_back(item.key());
-  }
-  optimizer_ = make(given_);
-  if (!optimizer_) throw ValueError("parallelize: the optimizer factory returned no optimizer.");
 }
 
+Parallelized::~Parallelized() = default;
+
 void Parallelized::zero_grad() {
-  zero_ ? zero_->zero_grad() : optimizer_->zero_grad();
+  owner().optimizer()->zero_grad();
+  for (auto& s : strategies_) s->zero_grad();
   finished_ = false;
 }
 
 void Parallelized::finish_gradients() {
-  if (tp_ && !finished_) tp_->finish_gradients();
+  if (!finished_) {
+    for (auto& s : strategies_) s->finish_gradients();
+  }
   finished_ = true;
 }
 
 void Parallelized::step(const std::function<void()>& after_optimizer) {
   finish_gradients();
   finished_ = false;
-  if (zero_) {
-    zero_->step(after_optimizer);
-  } else {
-    optimizer_->step();
-    if (after_optimizer) after_optimizer();
-  }
+  owner().optimizer()->step();
+  if (after_optimizer) after_optimizer();
+  for (auto& s : strategies_) s->after_optimizer();
 }
 
 void Parallelized::set_requires_gradient_sync(bool sync) {
-  if (zero_) zero_->set_requires_gradient_sync(sync);
-  if (dp_) dp_->set_requires_gradient_sync(sync);
+  for (auto& s : strategies_) s->set_requires_gradient_sync(sync);
 }
 
 ModelStateMemory Parallelized::memory() const {
-  if (zero_) return zero_->memory();
-  if (dp_) return dp_->memory(optimizer_.get());
-  ModelStateMemory m;  // tensor parallel alone: this rank's parts, their gradients and optimizer state
-  for (const auto& group : optimizer_->param_groups()) {
-    for (const auto& p : group.params()) {
-      m.parameters += p.numel() * p.element_size();
-      if (p.grad().defined()) m.gradients += p.grad().numel() * p.grad().element_size();
-    }
+  for (auto it = strategies_.rbegin(); it != strategies_.rend(); ++it) {
+    if (auto m = (*it)->memory(*owner().optimizer())) return *m;
   }
-  m.optimizer_state = optimizer_state_bytes(*optimizer_);
-  return m;
+  DTRAIN_ASSERT(false, "no strategy reports the model-state memory");
+  return {};
 }
 
-torch::optim::Optimizer& Parallelized::optimizer() { return zero_ ? zero_->optimizer() : *optimizer_; }
+torch::optim::Optimizer& Parallelized::optimizer() { return *owner().optimizer(); }
+
+DataParallel* Parallelized::data_parallel() {
+  for (auto& s : strategies_) {
+    if (auto* d = dynamic_cast<detail::DataParallelStrategy*>(s.get())) return &d->dp;
+  }
+  return nullptr;
+}
+
+TensorParallel* Parallelized::tensor_parallel() {
+  for (auto& s : strategies_) {
+    if (auto* t = dynamic_cast<detail::TensorParallelStrategy*>(s.get())) return &t->tp;
+  }
+  return nullptr;
+}
 
 std::vector<Parallelized::GradPart> Parallelized::gradient_parts() const {
-  const int64_t n = world_->group_size(), ndp = n / tp_size_;
-  std::vector<GradPart> out;
-  if (zero_) {
-    const int64_t copies = shard_size_ > 0 ? n / shard_size_ : 1;  // hsdp: the replicas hold the same shards
-    std::vector<at::Tensor> shards;
-    for (const auto& g : zero_->optimizer().param_groups()) {
-      for (const auto& p : g.params()) shards.push_back(p);
-    }
-    if (!tp_) {
-      for (const auto& p : shards) out.push_back(GradPart{p.grad(), copies});
-      return out;
-    }
-    // with tp, a shard holds tensor-parallel parts (one per tp group) and whole parameters (the same on
-    // every rank of the group): run by run
-    for (const auto& seg : zero_->shard_segments()) {
-      const at::Tensor g = shards.at(seg.bucket).grad();
-      if (!g.defined()) continue;
-      const bool part = tp_->part_of(seg.param).count >= 0;
-      out.push_back(GradPart{g.narrow(0, seg.offset, seg.count), part ? copies : copies * tp_size_});
-    }
-    return out;
-  }
-  size_t i = 0;  // (the optimizer's tensors follow given_: the parameters, or their fp32 masters)
-  for (const auto& g : optimizer_->param_groups()) {
-    for (const auto& p : g.params()) {
-      // data parallel: every data-parallel rank holds the same gradient; a parameter tensor parallelism left
-      // whole is also the same on every rank of its tp group
-      const bool part = tp_ && i < given_.size() && tp_->is_sharded(given_[i]);
-      ++i;
-      out.push_back(GradPart{p.grad(), part || !tp_ ? ndp : ndp * tp_size_});
-    }
-  }
-  return out;
-}
-
-std::vector<at::Tensor> Parallelized::given_tensors() const { return zero_ ? zero_->shards() : given_; }
-
-std::vector<std::vector<Parallelized::StateSegment>> Parallelized::state_layout() const {
-  std::vector<std::vector<StateSegment>> out;
-  if (zero_) {
-    out.resize(zero_->shards().size());
-    for (const auto& seg : zero_->shard_segments()) {
-      out.at(seg.bucket)
-          .push_back(StateSegment{seg.param, seg.sizes, seg.param_offset, seg.offset, seg.count});
-    }
-    return out;
-  }
-  for (size_t i = 0; i < given_.size(); ++i) {
-    const auto sizes = given_[i].sizes().vec();
-    out.push_back({StateSegment{given_names_[i], sizes, 0, 0, given_[i].numel()}});
-  }
-  return out;
-}
-
-void Parallelized::given_tensors_changed() {
-  if (zero_) zero_->shards_changed();
-}
-
-std::string Parallelized::placement_of(const std::string& param) const {
-  std::string tp;
-  if (tp_) {
-    const auto part = tp_->part_of(param);
-    tp = part.count >= 0 ? str_cat("Shard(", part.dim, ") over tp ", tp_size_)
-                         : str_cat("Replicate over tp ", tp_size_);
-  }
-  const int64_t ndp = world_->group_size() / tp_size_;
-  std::string dp;
-  if (zero_) {
-    dp = shard_size_ > 0 ? str_cat("flat shards of buckets over ", shard_size_, " ranks, replicated ",
-                                   ndp / shard_size_, " times")
-                         : str_cat("flat shards of buckets over dp ", ndp, " (", to_string(strategy_), ")");
-  } else {
-    dp = str_cat("Replicate over dp ", ndp);
-  }
-  return tp.empty() ? dp : str_cat(tp, ", ", dp);
+  return owner().gradient_parts(composition_);
 }
 
 at::Tensor Parallelized::gradient_block_squares() const {
-  DTRAIN_ASSERT(zero_ != nullptr, "gradient_block_squares is for ZeRO");
-  return zero_->gradient_block_squares();
+  const auto* z = dynamic_cast<const detail::ZeroStrategy*>(&owner());
+  DTRAIN_ASSERT(z != nullptr, "gradient_block_squares is for ZeRO");
+  return z->zero.gradient_block_squares();
+}
+
+std::vector<at::Tensor> Parallelized::given_tensors() const { return owner().given_tensors(); }
+
+std::vector<std::vector<Parallelized::StateSegment>> Parallelized::state_layout() const {
+  return owner().state_layout();
+}
+
+void Parallelized::given_tensors_changed() {
+  for (auto& s : strategies_) s->given_tensors_changed();
+}
+
+std::string Parallelized::placement_of(const std::string& param) const {
+  std::string out;
+  for (const auto& s : strategies_) {
+    const std::string words = s->placement_of(param);
+    if (!words.empty()) out += str_cat(out.empty() ? "" : ", ", words);
+  }
+  return out;
 }
 
 size_t Parallelized::bucket_count() const {
-  return zero_ ? zero_->buckets().size() : dp_ ? dp_->buckets().size() : 0;
+  size_t n = 0;
+  for (const auto& s : strategies_) n += s->bucket_count();
+  return n;
 }
 
 std::unique_ptr<Parallelized> parallelize(torch::nn::Module& module, comm::BackendPtr world,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "parallel/parallel_strategy.h"
 #include "parallel/strategy.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
@@ -38,16 +39,22 @@ struct ParallelConfig {
 // NotSupportedError naming the values. Pure.
 Strategy validate_parallel_config(const ParallelConfig& config, int64_t world_size);
 
-// A module under a strategy, with the optimizer the strategy needs (over the whole module, or over this
-// rank's shards): the training loop calls zero_grad(), backward, step().
+// A module under its strategies, composed as an ordered list (parallel_strategy.h) in the fixed order: tensor
+// parallel (tp > 1), activation checkpointing (when asked), then ZeRO (stages 1-3, hsdp) or data parallel,
+// or, with one data-parallel rank, a plain optimizer over the module's parameters. The last one owns the
+// optimizer (over the module's parameters, or this rank's shards): the training loop calls zero_grad(),
+// backward, step().
 class Parallelized {
  public:
   Parallelized(torch::nn::Module& module, comm::BackendPtr world, const ParallelConfig& config,
                const OptimizerFactory& make);
+  ~Parallelized();
   Strategy strategy() const { return strategy_; }
+  // The strategies, in the order they were applied.
+  const std::vector<std::unique_ptr<ParallelStrategy>>& strategies() const { return strategies_; }
   void zero_grad();
-  // Finishes this step's tensor-parallel gradients (sequence parallel: sums the whole parameters' over the tp
-  // group), once per step; step() and optim::clip_grad_norm call it.
+  // Finishes this step's gradients (sequence parallel: sums the whole parameters' over the tp group), once
+  // per step; step() and optim::clip_grad_norm call it.
   void finish_gradients();
   // The optimizer's step; `after_optimizer` (if given) runs right after it, before ZeRO all-gathers the
   // parameters from the shards (mixed precision copies its fp32 masters into the shards there).
@@ -59,58 +66,45 @@ class Parallelized {
   size_t bucket_count() const;
   // The data-parallel strategy, for reduce_with_gradients and last_pass (null under ZeRO, and under tensor
   // parallel alone).
-  DataParallel* data_parallel() { return dp_.get(); }
+  DataParallel* data_parallel();
   // The tensor-parallel layout (null with tp 1).
-  TensorParallel* tensor_parallel() { return tp_.get(); }
+  TensorParallel* tensor_parallel();
   // The gradients the optimizer steps on (the module's parameters', or this rank's shards'), each with how
   // many ranks hold the same values: over the world, the sum of |g|^2 / copies is the whole gradient's
   // |g|^2, without gathering any gradient (optim::clip_grad_norm). Call after the last backward of a step.
   // Under ZeRO with tp > 1 a shard mixes tensor-parallel parts and whole parameters: one part per run.
-  struct GradPart {
-    at::Tensor grad;
-    int64_t copies = 1;
-  };
+  using GradPart = parallel::GradPart;
   std::vector<GradPart> gradient_parts() const;
   const comm::BackendPtr& world() const { return world_; }
   // Deterministic mode (DataParallelOptions::deterministic): bitwise the same results at any power-of-2
   // world size.
   bool deterministic() const { return deterministic_; }
-  // ZeRO: the step's gradients as sums of squares per block of kDetBlock elements of each bucket, every
-  // rank's blocks gathered in bucket and block order (one all-gather of doubles): the same tensor at any
-  // world size in deterministic mode, whose shards are cut at block edges. optim::clip_grad_norm's norm.
+  // ZeRO: Zero::gradient_block_squares, optim::clip_grad_norm's norm in deterministic mode.
   at::Tensor gradient_block_squares() const;
   // What a checkpoint saves (checkpoint/training_state.h): the tensors the optimizer factory was given (the
   // module's parameters, or this rank's ZeRO shards), and for each of them the runs of parameters it holds.
-  struct StateSegment {
-    std::string param;              // the module's parameter name
-    std::vector<int64_t> sizes;     // the parameter's shape on this rank (its tensor-parallel part)
-    int64_t param_offset = 0;       // elements into it (row-major) where the run starts
-    int64_t offset = 0, count = 0;  // elements into the given tensor (flattened)
-  };
+  using StateSegment = parallel::StateSegment;
   std::vector<at::Tensor> given_tensors() const;
   std::vector<std::vector<StateSegment>> state_layout() const;
   // After a checkpoint was loaded into the given tensors: ZeRO's parameters made to match their shards.
   // Collective.
   void given_tensors_changed();
-  // Replicas of each given tensor's values: ranks holding the same ZeRO shards (hsdp), for the manifest's
-  // words.
+  // Each strategy's words for the parameter's placement, joined ("Shard(0) over tp 2, Replicate over dp 2").
   std::string placement_of(const std::string& param) const;
   // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp; null otherwise.
   const std::shared_ptr<mesh::DeviceMesh>& mesh() const { return mesh_; }
 
  private:
+  // The last strategy, which owns the optimizer and its tensors.
+  ParallelStrategy& owner() const { return *strategies_.back(); }
+
   Strategy strategy_;
   comm::BackendPtr world_;
-  int64_t tp_size_ = 1, shard_size_ = 0;
+  Composition composition_;
   bool deterministic_ = false;
-  bool finished_ = false;  // finish_gradients() ran since the last step
-  std::unique_ptr<TensorParallel> tp_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<Zero> zero_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // dp's, over the whole module
-  std::vector<at::Tensor> given_;                       // the tensors dp's optimizer factory was given
-  std::vector<std::string> given_names_;                // their parameter names
-  std::shared_ptr<mesh::DeviceMesh> mesh_;              // hsdp's or [dp, tp]
+  bool finished_ = false;                   // finish_gradients() ran since the last step
+  std::shared_ptr<mesh::DeviceMesh> mesh_;  // hsdp's or [dp, tp]
+  std::vector<std::unique_ptr<ParallelStrategy>> strategies_;
 };
 
 // Validates `config`, then applies it to `module` over `world` (collective). `make` builds the optimizer over

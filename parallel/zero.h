@@ -80,6 +80,7 @@ class Zero {
   int stage() const { return stage_; }
   // The optimizer over this rank's shards (for its learning rate, or a scheduler).
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   // Drops the shards' gradients (the parameters hold none between steps under ZeRO).
   void zero_grad();
   // The optimizer's step on this rank's shards, then `after_optimizer` (if given: mixed precision's masters
