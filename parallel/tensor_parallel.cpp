@@ -1,6 +1,5 @@
 // Tensor-parallel plans and parameters; see tensor_parallel.h. The kernels are in tp_ops.cpp.
 #include "parallel/tensor_parallel.h"
-#include "core/balanced_split.h"
 
 #include <ATen/ATen.h>
 
@@ -8,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/data_parallel.h"

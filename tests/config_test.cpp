@@ -1,4 +1,4 @@
-// dtrain train's configuration (train/config.h, train/deepspeed_config.h), pure: the TOML schema's round
+// dtrain train's configuration (apps/dtrain/gpt/config.h, apps/dtrain/gpt/deepspeed_config.h), pure: the TOML schema's round
 // trip, every kind of rejection with its message (unknown key and its nearest valid key, wrong type, out of
 // range, not TOML, --set without '='), the order of the sources on `dtrain train`'s command line, and a
 // DeepSpeed JSON config mapped field by field.
@@ -12,8 +12,8 @@
 #include "apps/dtrain/cmd_train.h"
 #include "core/error.h"
 #include "tests/temp_dir.h"
-#include "train/config.h"
-#include "train/deepspeed_config.h"
+#include "apps/dtrain/gpt/config.h"
+#include "apps/dtrain/gpt/deepspeed_config.h"
 
 using namespace dtrain;
 using train::TrainOptions;

@@ -13,10 +13,11 @@
 #include <set>
 #include <string>
 
+#include "apps/dtrain/gpt/train_gpt.h"
 #include "comm/factory.h"
 #include "core/error.h"
 #include "tests/temp_dir.h"
-#include "train/train_gpt.h"
+#include "train/schedule.h"
 
 using namespace dtrain;
 using dtrain::train::TrainOptions;

@@ -14,7 +14,7 @@
 #include "tensor/distribute_module.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
-#include "train/train_gpt.h"
+#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::test {
 

@@ -20,7 +20,7 @@
 #include "tensor/comm_log.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
-#include "train/train_gpt.h"
+#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::test {
 

@@ -1,8 +1,8 @@
 // An op-by-op CPU profile of training steps (bench/RESULTS.md, "One process against PyTorch, op by op"):
 // every aten op the step's thread runs, its calls and its self time (its own time less the time of the ops it
-// calls), summed over the steps after the first two (not the evaluation after the last). `dtrain train` installs it when DTRAIN_OP_PROFILE names
-// a file; bench/gpt_ddp.py --op-profile writes the same JSON from torch.profiler for PyTorch, and
-// bench/compare_ops.py sets the two side by side.
+// calls), summed over the steps after the first two (not the evaluation after the last). `dtrain train`
+// installs it when DTRAIN_OP_PROFILE names a file; bench/gpt_ddp.py --op-profile writes the same JSON from
+// torch.profiler for PyTorch, and bench/compare_ops.py sets the two side by side.
 #pragma once
 
 #include <ATen/record_function.h>

@@ -120,8 +120,6 @@ int64_t deterministic_accumulation(int64_t batch, int64_t dp_ranks);
 
 // Checks `o` alone (no world yet): ValueError naming the option, its value and what is allowed.
 void check_trainer_options(const TrainerOptions& o);
-// The learning rate of step `step` (1-based) under `o`'s schedule.
-double scheduled_lr(const TrainerOptions& o, int64_t step);
 
 struct StepInfo {
   int64_t step = 0;

@@ -4,8 +4,8 @@
 #include <map>
 
 #include "core/error.h"
-#include "train/config.h"
-#include "train/deepspeed_config.h"
+#include "apps/dtrain/gpt/config.h"
+#include "apps/dtrain/gpt/deepspeed_config.h"
 
 namespace dtrain::apps {
 

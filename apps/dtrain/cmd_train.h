@@ -1,5 +1,5 @@
-// Command-line options of `dtrain train` (train/train_gpt.h): a config file (TOML, or DeepSpeed's JSON), one
-// flag per key of train/config.h's schema, and --set key=value.
+// Command-line options of `dtrain train` (apps/dtrain/gpt/train_gpt.h): a config file (TOML, or DeepSpeed's JSON), one
+// flag per key of apps/dtrain/gpt/config.h's schema, and --set key=value.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "train/train_gpt.h"
+#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::apps {
 

@@ -1,5 +1,5 @@
 // DeepSpeed's JSON config mapped onto dtrain's keys; see deepspeed_config.h.
-#include "train/deepspeed_config.h"
+#include "apps/dtrain/gpt/deepspeed_config.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,8 +8,8 @@
 #include <optional>
 #include <sstream>
 
+#include "apps/dtrain/gpt/config.h"
 #include "core/error.h"
-#include "train/config.h"
 
 namespace dtrain::train {
 

@@ -11,13 +11,13 @@
 // An unknown key is an error naming the nearest valid key; a wrong type or a value out of range an error
 // naming the key, the value and what is allowed. effective_config() writes every key back as TOML (what the
 // run prints at its start and saves beside its checkpoints). A DeepSpeed JSON config maps onto the same keys
-// (train/deepspeed_config.h).
+// (apps/dtrain/gpt/deepspeed_config.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "train/train_gpt.h"
+#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::train {
 

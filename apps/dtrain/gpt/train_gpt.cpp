@@ -1,5 +1,5 @@
 // The training run; see train_gpt.h.
-#include "train/train_gpt.h"
+#include "apps/dtrain/gpt/train_gpt.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,6 +14,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrain/gpt/config.h"
+#include "apps/dtrain/gpt/text_data.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/training_state.h"
 #include "comm/init.h"
@@ -29,9 +31,7 @@
 #include "tensor/dtensor.h"
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
-#include "train/config.h"
 #include "train/op_profile.h"
-#include "train/text_data.h"
 
 namespace dtrain::train {
 

@@ -1,5 +1,5 @@
 // The configuration schema and its readers; see config.h.
-#include "train/config.h"
+#include "apps/dtrain/gpt/config.h"
 
 #include <toml++/toml.h>
 

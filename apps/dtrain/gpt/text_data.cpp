@@ -1,5 +1,5 @@
 // Text corpus and batches; see text_data.h.
-#include "train/text_data.h"
+#include "apps/dtrain/gpt/text_data.h"
 
 #include <ATen/ATen.h>
 
