@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/detail/agreement.h"
 #include "comm/factory.h"
 
 using namespace dtrain;

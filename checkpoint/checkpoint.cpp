@@ -3,21 +3,16 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <future>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "comm/backend.h"
+#include "comm/detail/agreement.h"
 #include "core/error.h"
 
 namespace dtrain::comm {

@@ -7,9 +7,13 @@
 #include <numeric>
 #include <thread>
 
+#include "comm/detail/agreement.h"
+#include "comm/detail/bounded_store.h"
+#include "comm/detail/failure_board.h"
+#include "comm/detail/progress_board.h"
 #include "core/error.h"
-#include "core/log.h"
 #include "core/fault_injection.h"
+#include "core/log.h"
 
 namespace dtrain::comm {
 
@@ -73,6 +77,8 @@ at::Tensor flat_output(at::Tensor& t, bool read_first, std::function<void()>* co
 }
 
 }  // namespace
+
+Backend::~Backend() = default;
 
 Backend::Backend(std::string name, std::string group_id, std::vector<int> global_ranks, int group_rank,
                  std::chrono::milliseconds default_timeout, c10::intrusive_ptr<BoundedStore> store)

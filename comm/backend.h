@@ -25,17 +25,20 @@
 #include <string>
 #include <vector>
 
-#include "comm/bounded_store.h"
-#include "comm/failure_board.h"
-#include "comm/progress_board.h"
+#include <c10/util/intrusive_ptr.h>
+
 #include "comm/types.h"
 #include "comm/work.h"
 
 namespace dtrain::comm {
 
+class BoundedStore;   // comm/detail/bounded_store.h
+class ProgressBoard;  // comm/detail/progress_board.h
+class FailureBoard;   // comm/detail/failure_board.h
+
 class Backend : public std::enable_shared_from_this<Backend> {
  public:
-  virtual ~Backend() = default;
+  virtual ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
@@ -141,17 +144,6 @@ class Backend : public std::enable_shared_from_this<Backend> {
 };
 
 using BackendPtr = std::shared_ptr<Backend>;
-
-// Turns the agreement check off (or back on) for this process. For measuring what the check costs
-// (bench/agreement_cost.cpp) only: with it off, ranks that disagree get the engine's behaviour back (an
-// abort, a wrong result). On by default.
-void set_agreement_check(bool on);
-bool agreement_check();
-
-// The agreement check, for the engines: `all` holds every group rank's OpInfo::signature (kSignatureFields
-// int64 each, in group-rank order; `global_ranks[g]` is group rank g's global rank); throws ValueError naming
-// the ranks that differ and how.
-void check_signatures(const OpInfo& info, const int64_t* all, const std::vector<int>& global_ranks);
 
 // Element size and name checks shared by the backends.
 bool is_supported_dtype(at::ScalarType t);

@@ -1,15 +1,15 @@
 // BoundedStore and run_bounded; see bounded_store.h.
-#include "comm/bounded_store.h"
+#include "comm/detail/bounded_store.h"
 
 #include <atomic>
 #include <deque>
 #include <thread>
 
-#include "comm/completion.h"
-#include "comm/failing.h"
+#include "comm/detail/completion.h"
+#include "comm/detail/failing.h"
 #include "core/error.h"
-#include "core/log.h"
 #include "core/fault_injection.h"
+#include "core/log.h"
 
 namespace dtrain::comm {
 

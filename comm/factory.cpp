@@ -10,12 +10,12 @@
 
 #include <thread>
 
+#include "comm/detail/job_store.h"
 #include "comm/gloo/gloo_backend.h"
-#include "comm/job_store.h"
 #include "comm/mpi/mpi_backend.h"
 #include "core/error.h"
-#include "core/log.h"
 #include "core/fault_injection.h"
+#include "core/log.h"
 
 namespace dtrain::comm {
 

@@ -1,5 +1,5 @@
 // The exit budget; see failing.h.
-#include "comm/failing.h"
+#include "comm/detail/failing.h"
 
 #include <atomic>
 

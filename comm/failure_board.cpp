@@ -1,5 +1,5 @@
 // FailureBoard; see failure_board.h.
-#include "comm/failure_board.h"
+#include "comm/detail/failure_board.h"
 
 #include <mutex>
 #include <set>

@@ -1,5 +1,5 @@
 // The job's store and admission; see job_store.h.
-#include "comm/job_store.h"
+#include "comm/detail/job_store.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -1,5 +1,5 @@
 // ProgressBoard; see progress_board.h.
-#include "comm/progress_board.h"
+#include "comm/detail/progress_board.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // ShmAgreement; see shm_agreement.h.
-#include "comm/shm_agreement.h"
+#include "comm/detail/shm_agreement.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

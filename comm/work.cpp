@@ -8,8 +8,8 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/failing.h"
-#include "comm/failure_board.h"
+#include "comm/detail/failing.h"
+#include "comm/detail/failure_board.h"
 #include "comm/timeline.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -181,7 +181,7 @@ void Work::wait_impl(Clock::time_point deadline) {
                 "collectives is just slow, raise the timeout (DTRAIN_TIMEOUT=seconds).")));
   }
   if (error_) {
-    if (!disagreed) mark_failing();  // from here every exit path shares one budget (comm/failing.h)
+    if (!disagreed) mark_failing();  // from here every exit path shares one budget (comm/detail/failing.h)
     std::rethrow_exception(error_);
   }
   if (Clock::now() < not_before_) {  // set_simulated_link: a slower network

@@ -29,7 +29,7 @@ int available_cores();
 // OMP_WAIT_POLICY=PASSIVE, each of these four only when `parent_env` (the launcher's environment) does not
 // set it. A thread variable left unset takes the value of the first one the user set (OpenMP and the BLAS
 // agree), else threads_per_rank(cores, nproc). The launcher adds DTRAIN_LAUNCHER_PID (ranks that call
-// dtrain::init() exit when that process does) and DTRAIN_JOB_SECRET (comm/job_store.h) itself.
+// dtrain::init() exit when that process does) and DTRAIN_JOB_SECRET (comm/detail/job_store.h) itself.
 EnvList rank_env(const LaunchOptions& opts, int local_rank, int restart_count, int master_port, int cores,
                  const EnvMap& parent_env = {});
 

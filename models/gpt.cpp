@@ -84,9 +84,7 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
   };
 }
 
-at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  return checkpoint ? models::checkpoint(body, x, parameters()) : body(x);
-}
+at::Tensor BlockImpl::forward(const at::Tensor& x) { return run_body(body, x, parameters()); }
 
 GPTImpl::GPTImpl(const GPTConfig& c) : config(c) {
   c.validate();
@@ -125,10 +123,6 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   at::Tensor x = drop(wte(idx) + wpe(pos));
   for (auto& b : blocks) x = b(x);
   return torch::nn::functional::linear(ln_f(x), wte->weight);
-}
-
-void GPTImpl::set_activation_checkpointing(bool on) {
-  for (auto& b : blocks) b->checkpoint = on;
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "models/checkpoint.h"
+#include "nn/activation_checkpointable.h"
 
 namespace dtrain::models {
 
@@ -52,14 +52,12 @@ struct MLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-struct BlockImpl : torch::nn::Module, Checkpointable {
+// Opts in to activation checkpointing (nn/activation_checkpointable.h): its body runs through run_body().
+struct BlockImpl : torch::nn::Module, nn::ActivationCheckpointable {
   explicit BlockImpl(const GPTConfig& c);
-  void set_checkpointing(bool on) override { checkpoint = on; }
-  // With checkpoint set, the block's activations are recomputed in backward (models/checkpoint.h).
   at::Tensor forward(const at::Tensor& x);
 
-  bool checkpoint = false;
-  CheckpointBody body;  // the block's computation: x + attn(ln1(x)), then + mlp(ln2(.))
+  nn::BlockBody body;  // the block's computation: x + attn(ln1(x)), then + mlp(ln2(.))
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -82,8 +80,6 @@ struct GPTImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& idx);
   // Mean cross entropy of next-token prediction: logits of idx against targets [B, T].
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
-  // Activation checkpointing per block: each block keeps only its input, recomputing the rest in backward.
-  void set_activation_checkpointing(bool on);
 
   GPTConfig config;
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -37,7 +37,7 @@ double clip_grad_norm(parallel::Parallelized& par, double max_norm) {
     const auto t0 = std::chrono::steady_clock::now();
     par.world()->all_reduce(sum)->wait();
     tensor::CommLog::instance().record(
-        tensor::CommRecord{"clip_grad_norm", tensor::StepKind::kAllReduce, 0, 8, 0.0,
+        tensor::CommRecord{"clip_grad_norm", comm::StepKind::kAllReduce, 0, 8, 0.0,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   }
   const double norm = std::sqrt(sum.item<double>());

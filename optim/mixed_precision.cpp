@@ -79,7 +79,7 @@ bool MixedPrecision::unscale(parallel::Parallelized& par) {
   o.op = comm::ReduceOp::kMax;
   par.world()->all_reduce(bad, o)->wait();
   tensor::CommLog::instance().record(
-      tensor::CommRecord{"mixed precision overflow check", tensor::StepKind::kAllReduce, 0, 4, 0.0,
+      tensor::CommRecord{"mixed precision overflow check", comm::StepKind::kAllReduce, 0, 4, 0.0,
                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   start = std::chrono::steady_clock::now();
   const bool overflow = bad.item<float>() > 0;

@@ -30,7 +30,7 @@ class AllReduceBuckets : public detail::BucketReduction {
  public:
   explicit AllReduceBuckets(detail::GradBuckets& engine) : e_(engine) {}
   const char* cause() const override { return "data_parallel"; }
-  tensor::StepKind kind() const override { return tensor::StepKind::kAllReduce; }
+  comm::StepKind kind() const override { return comm::StepKind::kAllReduce; }
   bool drops_param_grads() const override { return false; }
   bool frees_buckets() const override { return false; }
   comm::WorkPtr launch(size_t k, comm::AgreementRun run) override {

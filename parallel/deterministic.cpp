@@ -34,7 +34,7 @@ at::Tensor tree_sum(at::Tensor t) {
   return t.view({-1});
 }
 
-void record(const char* what, tensor::StepKind kind, int64_t bytes, Clock::time_point t0) {
+void record(const char* what, comm::StepKind kind, int64_t bytes, Clock::time_point t0) {
   tensor::CommLog::instance().record(tensor::CommRecord{
       what, kind, 0, bytes, 0.0, std::chrono::duration<double>(Clock::now() - t0).count()});
 }
@@ -104,7 +104,7 @@ void GradBuckets::det_reduce() {
       at::Tensor received = at::empty({n * counts[me]}, flat.options());
       tensor::CommCause cause("deterministic");
       group->all_to_all_v(received, flat, counts, std::vector<int64_t>(n, counts[me]))->wait();
-      record("deterministic", tensor::StepKind::kAllToAll, bytes_of(flat), t0);
+      record("deterministic", comm::StepKind::kAllToAll, bytes_of(flat), t0);
       part = tree_sum(received.view({n, counts[me]}));
     }
     reduction->det_land(k, part, counts);
@@ -123,7 +123,7 @@ void GradBuckets::det_gather_parts(size_t k, const at::Tensor& part, const std::
   } else {
     const auto t0 = Clock::now();
     group->all_gather_v(b.flat, part.contiguous(), counts)->wait();
-    record("deterministic", tensor::StepKind::kAllGather, bytes_of(b.flat), t0);
+    record("deterministic", comm::StepKind::kAllGather, bytes_of(b.flat), t0);
   }
   for (int i : b.params) params[i].tensor.mutable_grad() = slice(params[i]);
 }

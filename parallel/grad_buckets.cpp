@@ -10,11 +10,11 @@
 #include <chrono>
 #include <map>
 
+#include "comm/cost_model.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/comm_log.h"
-#include "tensor/cost_model.h"
 #include "tensor/settings.h"
 
 namespace dtrain::parallel::detail {
@@ -33,15 +33,15 @@ std::string describe(const char* kind, const std::string& name, const at::Tensor
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
-double predicted_seconds(tensor::StepKind kind, int64_t bytes, int n) {
+double predicted_seconds(comm::StepKind kind, int64_t bytes, int n) {
   if (n <= 1 || bytes == 0) return 0;
-  static const tensor::CostModel model = [] {
+  static const comm::CostModel model = [] {
     const std::string profile = tensor::settings().comm_profile;
-    return profile.empty() ? tensor::CostModel::defaults(1)
-                           : tensor::CostModel::from_profile(tensor::read_profile(profile), 1);
+    return profile.empty() ? comm::CostModel::defaults(1)
+                           : comm::CostModel::from_profile(comm::read_profile(profile), 1);
   }();
   const double k = n, b = static_cast<double>(bytes);
-  return model.seconds(kind, 0, kind == tensor::StepKind::kAllReduce ? b * 2 * (k - 1) / k : b * (k - 1) / k);
+  return model.seconds(kind, 0, kind == comm::StepKind::kAllReduce ? b * 2 * (k - 1) / k : b * (k - 1) / k);
 }
 
 void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Tensor>& tensors) {
@@ -268,7 +268,7 @@ void GradBuckets::complete(size_t k) {
   {
     tensor::CommCause cause(reduction->cause());
     b.work->wait();
-    const tensor::StepKind kind = reduction->kind();
+    const comm::StepKind kind = reduction->kind();
     tensor::CommLog::instance().record(
         tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
                            predicted_seconds(kind, bytes_of(b.flat), group->group_size()),

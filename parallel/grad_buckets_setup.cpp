@@ -144,14 +144,14 @@ void GradBuckets::collect(torch::nn::Module& module, bool meta_allowed, const ch
 }
 
 at::Tensor GradBuckets::made_whole(const std::string& name, const at::Tensor& meta) {
-  if (!opts.materialize) {
+  if (!materialize) {
     throw ValueError(
         str_cat(rank_prefix(), " zero: '", name,
-                "' is on the meta device and DataParallelOptions::materialize is not set. Set it "
+                "' is on the meta device and ZeroOptions::materialize is not set. Set it "
                 "to a function giving each tensor its initial values, or build the module on the CPU."));
   }
   at::Tensor whole = at::empty(meta.sizes(), meta.options().device(at::kCPU).requires_grad(false));
-  opts.materialize(name, whole);
+  materialize(name, whole);
   for (const auto& g : {replicate, group}) {
     if (g && g->group_size() > 1) g->broadcast(whole)->wait();
   }

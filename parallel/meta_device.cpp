@@ -1,4 +1,4 @@
-// parallel::OnMetaDevice (declared in zero.h): modules built with no memory, for ZeRO-3's materialize.
+// parallel::OnMetaDevice (meta_device.h): modules built with no memory, for ZeRO-3's materialize.
 #include <ATen/ATen.h>
 #include <ATen/ops/empty_ops.h>
 #include <ATen/ops/empty_strided_ops.h>
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <optional>
 
-#include "parallel/zero.h"
+#include "parallel/meta_device.h"
 
 namespace dtrain::parallel {
 

@@ -32,7 +32,13 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
         str_cat("parallelize: hsdp with tp ", c.tp,
                 " is not built (2-d is one data-parallel axis × tp). Use zero3 with tp."));
   }
-  if (c.buckets.deterministic) {
+  if (c.materialize && s != Strategy::kZero3 && s != Strategy::kHybridShard) {
+    throw ValueError(
+        str_cat("parallelize: materialize (values for a module built on the meta device) is for "
+                "zero3 and hsdp, which never hold the module whole; got ",
+                to_string(s), ". Build the module on the CPU, or use zero3."));
+  }
+  if (c.reduction.deterministic) {
     const int64_t ndp = world_size / std::max<int64_t>(c.tp, 1);
     if (c.tp > 1 || s == Strategy::kHybridShard || (ndp & (ndp - 1)) != 0) {
       throw NotSupportedError(str_cat(
@@ -58,7 +64,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
                            const OptimizerFactory& make)
     : strategy_(validate_parallel_config(config, world->group_size())),
       world_(world),
-      deterministic_(config.buckets.deterministic) {
+      deterministic_(config.reduction.deterministic) {
   composition_.tp_size = config.tp;
   composition_.world_size = world->group_size();
   // The fixed order: tensor parallel, activation checkpointing, ZeRO or data parallel.
@@ -72,10 +78,13 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
     strategies_.push_back(std::move(tp));
     world = mesh_->axis_group("dp");  // the strategy below runs over the data-parallel axis
   }
-  if (!config.checkpoint.empty()) {
-    strategies_.push_back(std::make_unique<detail::CheckpointingStrategy>(module, config.checkpoint));
+  if (!config.activation_checkpointing.empty()) {
+    strategies_.push_back(
+        std::make_unique<detail::ActivationCheckpointingStrategy>(module, config.activation_checkpointing));
   }
   const int64_t ndp = world->group_size();
+  ZeroOptions zero_options(config.reduction);
+  zero_options.materialize = config.materialize;
   switch (strategy_) {
     case Strategy::kHybridShard: {
       // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
@@ -84,7 +93,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
           world, std::vector<int64_t>{ndp / config.shard_size, config.shard_size},
           std::vector<std::string>{"replicate", "shard"});
       strategies_.push_back(
-          std::make_unique<detail::ZeroStrategy>(module, mesh_->axis_group("shard"), 3, make, config.buckets,
+          std::make_unique<detail::ZeroStrategy>(module, mesh_->axis_group("shard"), 3, make, zero_options,
                                                  mesh_->axis_group("replicate"), config.shard_size, ndp));
       break;
     }
@@ -93,7 +102,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
     case Strategy::kZero3: {
       const int stage = strategy_ == Strategy::kZero1 ? 1 : strategy_ == Strategy::kZero2 ? 2 : 3;
       strategies_.push_back(std::make_unique<detail::ZeroStrategy>(module, std::move(world), stage, make,
-                                                                   config.buckets, nullptr, 0, ndp));
+                                                                   zero_options, nullptr, 0, ndp));
       break;
     }
     case Strategy::kDataParallel:
@@ -102,7 +111,7 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
         strategies_.push_back(std::make_unique<detail::ModuleOptimizerStrategy>(module, make, ndp));
       } else {
         strategies_.push_back(
-            std::make_unique<detail::DataParallelStrategy>(module, std::move(world), config.buckets, make));
+            std::make_unique<detail::DataParallelStrategy>(module, std::move(world), config.reduction, make));
       }
       break;
   }

@@ -27,11 +27,14 @@ struct ParallelConfig {
   int64_t tp = 1;               // tensor-parallel degree
   TensorParallelPlan tp_plan;   // tp > 1: the styles
   int64_t shard_size = 0;       // hsdp: ranks per ZeRO-3 group (0: not set)
-  DataParallelOptions buckets;  // bucket sizes, allow_unused, ...
+  GradReductionOptions
+      reduction;              // how gradients are reduced: bucket sizes, allow_unused, dtype, deterministic
+  MaterializeFn materialize;  // zero3, hsdp: a meta tensor's values (ZeroOptions::materialize)
   // Activation checkpointing: module-name patterns ("h*": '*' within one name component) whose modules
-  // recompute their activations in backward. Each must derive models::Checkpointable (models/checkpoint.h;
-  // models::GPT's blocks do); libtorch's C++ modules have no forward hooks to wrap others.
-  std::vector<std::string> checkpoint;
+  // recompute their activations in backward (parallel/activation_checkpointing.h). Each must derive
+  // nn::ActivationCheckpointable (models::GPT's blocks do); libtorch's C++ modules have no forward hooks to
+  // wrap others.
+  std::vector<std::string> activation_checkpointing;
 };
 
 // Checks `config` against the world size before anything is built: the strategy's name, the degrees (tp and
@@ -76,7 +79,7 @@ class Parallelized {
   using GradPart = parallel::GradPart;
   std::vector<GradPart> gradient_parts() const;
   const comm::BackendPtr& world() const { return world_; }
-  // Deterministic mode (DataParallelOptions::deterministic): bitwise the same results at any power-of-2
+  // Deterministic mode (GradReductionOptions::deterministic): bitwise the same results at any power-of-2
   // world size.
   bool deterministic() const { return deterministic_; }
   // ZeRO: Zero::gradient_block_squares, optim::clip_grad_norm's norm in deterministic mode.

@@ -2,7 +2,7 @@
 #include "parallel/detail/strategies.h"
 
 #include "core/error.h"
-#include "models/checkpoint.h"
+#include "parallel/activation_checkpointing.h"
 
 namespace dtrain::parallel::detail {
 
@@ -12,30 +12,9 @@ std::string TensorParallelStrategy::placement_of(const std::string& param) const
   return part.count >= 0 ? str_cat("Shard(", part.dim, ") over tp ", n) : str_cat("Replicate over tp ", n);
 }
 
-CheckpointingStrategy::CheckpointingStrategy(torch::nn::Module& module,
-                                             const std::vector<std::string>& patterns) {
-  std::vector<models::Checkpointable*> chosen;
-  for (const auto& pattern : patterns) {
-    int matched = 0;
-    std::string names;
-    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-      names += str_cat(names.empty() ? "" : ", ", item.key());
-      if (!tp_pattern_matches(pattern, item.key())) continue;
-      ++matched;
-      auto* c = dynamic_cast<models::Checkpointable*>(item.value().get());
-      if (c == nullptr) {
-        throw ValueError(str_cat("parallelize: checkpoint pattern '", pattern, "' names module '", item.key(),
-                                 "', which cannot recompute its activations: it must derive "
-                                 "models::Checkpointable and call models::checkpoint in its forward."));
-      }
-      chosen.push_back(c);
-    }
-    if (matched == 0) {
-      throw ValueError(str_cat("parallelize: checkpoint pattern '", pattern,
-                               "' names no module. The module's submodules: ", names, "."));
-    }
-  }
-  for (auto* c : chosen) c->set_checkpointing(true);
+ActivationCheckpointingStrategy::ActivationCheckpointingStrategy(torch::nn::Module& module,
+                                                                 const std::vector<std::string>& patterns) {
+  checkpoint_activations(module, patterns);
 }
 
 void ModuleOptimizerStrategy::build(torch::nn::Module& module, const OptimizerFactory& make) {
@@ -94,8 +73,8 @@ DataParallelStrategy::DataParallelStrategy(torch::nn::Module& module, comm::Back
 }
 
 ZeroStrategy::ZeroStrategy(torch::nn::Module& module, comm::BackendPtr group, int stage,
-                           const OptimizerFactory& make, const DataParallelOptions& opts,
-                           comm::BackendPtr replicate, int64_t shard_size, int64_t data_parallel_ranks)
+                           const OptimizerFactory& make, const ZeroOptions& opts, comm::BackendPtr replicate,
+                           int64_t shard_size, int64_t data_parallel_ranks)
     : zero(module, std::move(group), stage, make, opts, std::move(replicate)),
       shard_size_(shard_size),
       ndp_(data_parallel_ranks) {}

@@ -10,11 +10,11 @@
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dispatch/keys.h"
 #include "parallel/data_parallel.h"
 #include "parallel/detail/grad_buckets.h"
 #include "parallel/detail/tp.h"
 #include "tensor/comm_log.h"
-#include "tensor/layout_keys.h"
 
 namespace dtrain::parallel {
 
@@ -90,9 +90,9 @@ std::vector<int64_t> split_lengths(int64_t length, int64_t n) {
   return out;
 }
 
-void log_collective(const std::string& cause, tensor::StepKind kind, int64_t bytes, int n, double seconds) {
+void log_collective(const std::string& cause, comm::StepKind kind, int64_t bytes, int n, double seconds) {
   // (the cost model counts an all-gather by its whole output)
-  const int64_t whole = kind == tensor::StepKind::kAllGather ? bytes * n : bytes;
+  const int64_t whole = kind == comm::StepKind::kAllGather ? bytes * n : bytes;
   tensor::CommLog::instance().record(
       tensor::CommRecord{cause, kind, 0, bytes, predicted_seconds(kind, whole, n), seconds});
 }
@@ -241,12 +241,12 @@ TensorParallel::TensorParallel(torch::nn::Module& module, comm::BackendPtr group
     state_->registered.push_back(param);
     if (t.part.dim >= 0) {
       at::Tensor local = param.detach().narrow(t.part.dim, t.part.start, t.part.count).clone();
-      param.set_data(tensor::with_layout_keys(local, c10::DispatchKeySet(tensor::kTensorParallelKey)));
+      param.set_data(dispatch::with_layout_keys(local, c10::DispatchKeySet(dispatch::kTensorParallelKey)));
     } else if (t.style.kind == TPStyle::Kind::kVocab || t.style.kind == TPStyle::Kind::kSequence) {
       // whole, but an embedding's lookups still need the style (the sequence part)
       if (t.param == "weight") {
         param.set_data(
-            tensor::with_layout_keys(param.detach(), c10::DispatchKeySet(tensor::kTensorParallelKey)));
+            dispatch::with_layout_keys(param.detach(), c10::DispatchKeySet(dispatch::kTensorParallelKey)));
       }
     }
     detail::register_role(
@@ -284,7 +284,7 @@ void TensorParallel::finish_gradients() {
   at::Tensor flat = at::cat(flat_parts);
   const auto t0 = std::chrono::steady_clock::now();
   group_->all_reduce(flat)->wait();
-  detail::log_collective("tp sequence-parallel gradients", tensor::StepKind::kAllReduce,
+  detail::log_collective("tp sequence-parallel gradients", comm::StepKind::kAllReduce,
                          flat.numel() * flat.element_size(), static_cast<int>(group_->group_size()),
                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   int64_t off = 0;

@@ -11,8 +11,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dispatch/keys.h"
 #include "parallel/detail/tp.h"
-#include "tensor/layout_keys.h"
 
 namespace dtrain::parallel::detail {
 
@@ -21,7 +21,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Clock = std::chrono::steady_clock;
-constexpr c10::DispatchKey kLP = tensor::kLossParallelKey;
+constexpr c10::DispatchKey kLP = dispatch::kLossParallelKey;
 
 at::Tensor all_reduce_copy(const at::Tensor& x, const comm::BackendPtr& group, const std::string& cause,
                            comm::ReduceOp op) {
@@ -30,7 +30,7 @@ at::Tensor all_reduce_copy(const at::Tensor& x, const comm::BackendPtr& group, c
   comm::AllReduceOptions o;
   o.op = op;
   group->all_reduce(y, o)->wait();
-  log_collective(cause, tensor::StepKind::kAllReduce, y.numel() * y.element_size(),
+  log_collective(cause, comm::StepKind::kAllReduce, y.numel() * y.element_size(),
                  static_cast<int>(group->group_size()),
                  std::chrono::duration<double>(Clock::now() - t0).count());
   return y;
@@ -65,7 +65,7 @@ const LogitsInfo& held_logits(const c10::IValue& v) {
 // Marks logits as loss-parallel (kLossParallelKey, LogitsMeta); identity for autograd.
 struct MarkLogits : torch::autograd::Function<MarkLogits> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x, c10::IValue info) {
-    at::Tensor y = tensor::with_layout_keys(x.detach(), c10::DispatchKeySet(kLP));
+    at::Tensor y = dispatch::with_layout_keys(x.detach(), c10::DispatchKeySet(kLP));
     y.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<LogitsMeta>(held_logits(info)));
     return y;
   }

@@ -15,8 +15,8 @@
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dispatch/keys.h"
 #include "parallel/detail/tp.h"
-#include "tensor/layout_keys.h"
 
 namespace dtrain::parallel::detail {
 
@@ -25,7 +25,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Clock = std::chrono::steady_clock;
-constexpr c10::DispatchKey kTP = tensor::kTensorParallelKey;
+constexpr c10::DispatchKey kTP = dispatch::kTensorParallelKey;
 
 // What a region function needs: the group, the module it runs for (CommLog's cause), and for the
 // sequence-dim and feature-dim collectives the dim and every rank's length along it.
@@ -59,8 +59,7 @@ at::Tensor all_reduce_copy(const at::Tensor& x, const Holder& h, comm::ReduceOp 
   comm::AllReduceOptions o;
   o.op = op;
   h.group->all_reduce(y, o)->wait();
-  log_collective(h.cause, tensor::StepKind::kAllReduce, y.numel() * y.element_size(), group_size(h),
-                 since(t0));
+  log_collective(h.cause, comm::StepKind::kAllReduce, y.numel() * y.element_size(), group_size(h), since(t0));
   return y;
 }
 
@@ -69,8 +68,7 @@ at::Tensor gather_dim(const at::Tensor& x, const Holder& h) {
   const auto t0 = Clock::now();
   at::Tensor out =
       comm::all_gather_along(h.group, x, h.dim, h.lens, str_cat("tensor parallel (", h.cause, ")"));
-  log_collective(h.cause, tensor::StepKind::kAllGather, x.numel() * x.element_size(), group_size(h),
-                 since(t0));
+  log_collective(h.cause, comm::StepKind::kAllGather, x.numel() * x.element_size(), group_size(h), since(t0));
   return out;
 }
 
@@ -79,7 +77,7 @@ at::Tensor reduce_scatter_dim(const at::Tensor& x, const Holder& h) {
   const auto t0 = Clock::now();
   at::Tensor out = comm::reduce_scatter_along(h.group, x, h.dim, h.lens, comm::ReduceOp::kSum,
                                               str_cat("tensor parallel (", h.cause, ")"));
-  log_collective(h.cause, tensor::StepKind::kReduceScatter, x.numel() * x.element_size(), group_size(h),
+  log_collective(h.cause, comm::StepKind::kReduceScatter, x.numel() * x.element_size(), group_size(h),
                  since(t0));
   return out;
 }

@@ -42,8 +42,8 @@ void ZeroState::land() {
       z.replica->wait();
       z.replica.reset();
       tensor::CommLog::instance().record(tensor::CommRecord{
-          tensor::CommCause::current(), tensor::StepKind::kAllReduce, 0, bytes_of(z.shard_grad),
-          predicted_seconds(tensor::StepKind::kAllReduce, bytes_of(z.shard_grad), engine.replicas()),
+          tensor::CommCause::current(), comm::StepKind::kAllReduce, 0, bytes_of(z.shard_grad),
+          predicted_seconds(comm::StepKind::kAllReduce, bytes_of(z.shard_grad), engine.replicas()),
           std::chrono::duration<double>(Clock::now() - z.replica_start).count()});
     }
   }
@@ -97,7 +97,7 @@ int checked_stage(int stage) {
 }  // namespace
 
 Zero::Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
-           DataParallelOptions opts, comm::BackendPtr replicate)
+           ZeroOptions opts, comm::BackendPtr replicate)
     : stage_(checked_stage(stage)), state_(std::make_shared<detail::ZeroState>()) {
   if (replicate && stage != 3) {
     throw NotSupportedError("zero: replica groups (hsdp) are for ZeRO-3 only.");
@@ -114,6 +114,7 @@ Zero::Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const O
   e.group = std::move(group);
   if (replicate && replicate->group_size() > 1) e.replicate = std::move(replicate);
   e.opts = opts;
+  e.materialize = std::move(opts.materialize);
   e.check_options("zero");
   e.reduction = &s;
   e.collect(module, /*meta_allowed=*/stage == 3, "zero");
@@ -251,7 +252,7 @@ at::Tensor Zero::gradient_block_squares() const {
   const auto t0 = detail::Clock::now();
   group->all_gather_v(all, local, per_rank)->wait();
   tensor::CommLog::instance().record(
-      tensor::CommRecord{"clip_grad_norm", tensor::StepKind::kAllGather, 0, total * 8, 0.0,
+      tensor::CommRecord{"clip_grad_norm", comm::StepKind::kAllGather, 0, total * 8, 0.0,
                          std::chrono::duration<double>(detail::Clock::now() - t0).count()});
   // rank-major as gathered; put in bucket-major order (the same at any world size)
   std::vector<at::Tensor> ordered;

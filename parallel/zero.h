@@ -7,7 +7,7 @@
 //
 // Stage 3 (parameters sharded too) keeps only this rank's shard of each bucket; the buckets are then units of
 // whole submodules (up to bucket_bytes, as FSDP wraps by size) and each parameter becomes an on-demand tensor
-// (tensor/on_demand.h): an op that reads it all-gathers its unit just in time, forward and again backward,
+// (dispatch/on_demand.h): an op that reads it all-gathers its unit just in time, forward and again backward,
 // the next unit prefetched from the order recorded in the first step, and a unit is let go once the next is
 // in use. Module code is unchanged; reading a parameter outside training (printing, comparing) gathers it
 // too, a collective every rank must run alike.
@@ -26,37 +26,23 @@
 #include <vector>
 
 #include "parallel/data_parallel.h"
+#include "parallel/meta_device.h"
 
 namespace dtrain::parallel {
 
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> shards)>;
 
-// While alive, the tensors this thread creates are on the meta device: shapes and dtypes, no memory. A module
-// built under it (any torch::nn::Module: libtorch's own modules allocate in their constructors) goes to
-// ZeRO-3 with DataParallelOptions::materialize giving each parameter its values, one at a time, so that the
-// model is never whole on a rank (DeepSpeed's zero.Init, FSDP's meta-device initialisation):
-//
-//   models::GPT gpt{nullptr};
-//   { parallel::OnMetaDevice meta; gpt = models::GPT(cfg); }
-//   parallel::DataParallelOptions o;
-//   models::GPTInit init(cfg.seed);
-//   o.materialize = [&](const std::string& name, at::Tensor& t) { init(name, t); };
-//   parallel::Zero zero(*gpt, world, 3, make_optimizer, o);
-//
-// How: libtorch has no default device in C++, so the first OnMetaDevice puts dtrain's kernels in front of the
-// factories every tensor starts from (aten::empty and aten::empty_strided, at their device-choosing
-// BackendSelect step): while a guard is alive on the thread, a CPU (or unspecified) device becomes meta;
-// otherwise they choose as libtorch does. Nests; thread-local.
-class OnMetaDevice {
- public:
-  OnMetaDevice();
-  ~OnMetaDevice();
-  OnMetaDevice(const OnMetaDevice&) = delete;
-  OnMetaDevice& operator=(const OnMetaDevice&) = delete;
-
- private:
-  bool previous_;
+// ZeRO's options: how gradients are reduced (parallel/grad_reduction_options.h), and ZeRO-3's own.
+struct ZeroOptions : GradReductionOptions {
+  ZeroOptions() = default;
+  // From the reduction options alone (data parallel's): ZeRO-3's own left unset.
+  ZeroOptions(const GradReductionOptions& reduction) : GradReductionOptions(reduction) {}  // NOLINT: implicit
+  // ZeRO-3 only: gives a parameter or buffer on the meta device (a module built under parallel::OnMetaDevice,
+  // never whole in memory) its values: called one tensor at a time, in registration order, on a whole
+  // tensor of the entry's shape, dtype and name; group rank 0's values are then broadcast, and a parameter is
+  // cut to this rank's shard before the next is made. Unset, a meta tensor is an error.
+  MaterializeFn materialize;
 };
 
 namespace detail {
@@ -72,7 +58,7 @@ class Zero {
   // hsdp: stage 3 over `group` (a shard group), each reduced shard then all-reduced over `replicate` (the
   // ranks holding the same shards in the other shard groups; null or one rank: none).
   Zero(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
-       DataParallelOptions opts = {}, comm::BackendPtr replicate = nullptr);
+       ZeroOptions opts = {}, comm::BackendPtr replicate = nullptr);
   ~Zero();  // removes the hooks; stage 3's parameters let go of their shards
   Zero(const Zero&) = delete;
   Zero& operator=(const Zero&) = delete;

@@ -11,16 +11,20 @@ namespace dtrain::parallel::detail {
 
 namespace {
 
-struct Zero3Source : tensor::OnDemandSource {
+struct Zero3Source : dispatch::OnDemandSource {
   explicit Zero3Source(std::shared_ptr<ZeroState> impl) : impl(std::move(impl)) {}
   at::Tensor acquire(int index) override { return impl->acquire(index); }
   void written(int index, const at::Tensor& whole) override { impl->written(index, whole); }
+  std::string describe() const override { return "a ZeRO-3 parameter (gathered on demand)"; }
+  std::string replace_fix() const override {
+    return "Convert the module (dtype, device) before applying ZeRO-3.";
+  }
   std::shared_ptr<ZeroState> impl;
 };
 
 }  // namespace
 
-std::shared_ptr<tensor::OnDemandSource> ZeroState::make_source(std::shared_ptr<ZeroState> self) {
+std::shared_ptr<dispatch::OnDemandSource> ZeroState::make_source(std::shared_ptr<ZeroState> self) {
   return std::make_shared<Zero3Source>(std::move(self));
 }
 
@@ -115,8 +119,8 @@ void ZeroState::finish_gather(int u) {
   b.gather->wait();
   b.gather.reset();
   tensor::CommLog::instance().record(tensor::CommRecord{
-      tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(b.shard_param),
-      predicted_seconds(tensor::StepKind::kAllGather, bytes_of(b.params_flat), engine.group->group_size()),
+      tensor::CommCause::current(), comm::StepKind::kAllGather, 0, bytes_of(b.shard_param),
+      predicted_seconds(comm::StepKind::kAllGather, bytes_of(b.params_flat), engine.group->group_size()),
       std::chrono::duration<double>(Clock::now() - b.gather_start).count()});
 }
 

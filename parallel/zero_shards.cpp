@@ -1,7 +1,7 @@
 // ZeRO's shards (detail/zero_state.h): each bucket cut into per-rank flat shards; stages 1 and 2 move the
 // parameters into the buckets and all-gather the updated shards after the step; stage 3 lays the buckets out
 // as units of whole submodules, keeps only the shards and makes the parameters on-demand tensors
-// (tensor/on_demand.h, gathered in zero3_units.cpp; docs/architecture.md, "ZeRO-3").
+// (dispatch/on_demand.h, gathered in zero3_units.cpp; docs/architecture.md, "ZeRO-3").
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -10,9 +10,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dispatch/keys.h"
 #include "parallel/detail/zero_state.h"
 #include "tensor/comm_log.h"
-#include "tensor/layout_keys.h"
 
 namespace dtrain::parallel::detail {
 
@@ -111,7 +111,7 @@ void ZeroState::shard_buckets() {
       GradBuckets::Param& p = engine.params[i];
       at::Tensor home = alias(z.params_flat, p.offset, p.tensor.sizes());
       home.copy_(p.tensor);
-      p.tensor.set_data(tensor::with_layout_keys(home, p.tensor.key_set()));  // a tp style's key stays
+      p.tensor.set_data(dispatch::with_layout_keys(home, p.tensor.key_set()));  // a tp style's key stays
     }
     // (stage 1 allocates it for each reduction)
     if (stage == 2)
@@ -120,7 +120,7 @@ void ZeroState::shard_buckets() {
   }
 }
 
-void ZeroState::shard_parameters_only(const std::shared_ptr<tensor::OnDemandSource>& source) {
+void ZeroState::shard_parameters_only(const std::shared_ptr<dispatch::OnDemandSource>& source) {
   const int64_t me = engine.group->group_rank();
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < engine.buckets.size(); ++k) {
@@ -134,7 +134,7 @@ void ZeroState::shard_parameters_only(const std::shared_ptr<tensor::OnDemandSour
     GradBuckets::Param& p = engine.params[i];
     at::Tensor whole = p.tensor.is_meta() ? engine.made_whole(p.name, p.tensor) : p.tensor.detach();
     keep_own_part(static_cast<int>(i), whole);
-    at::Tensor od = tensor::make_on_demand(source, static_cast<int>(i), whole, p.tensor.key_set());
+    at::Tensor od = dispatch::make_on_demand(source, static_cast<int>(i), whole, p.tensor.key_set());
     GradBuckets::become(p.tensor, od);
   }
   for (auto& z : shards) z.shard_param.requires_grad_(true);
@@ -175,8 +175,8 @@ void ZeroState::gather_params() {
     tensor::CommCause cause("zero");
     works[k]->wait();
     tensor::CommLog::instance().record(
-        tensor::CommRecord{tensor::CommCause::current(), tensor::StepKind::kAllGather, 0, bytes_of(keep[k]),
-                           predicted_seconds(tensor::StepKind::kAllGather, b_bytes[k], group->group_size()),
+        tensor::CommRecord{tensor::CommCause::current(), comm::StepKind::kAllGather, 0, bytes_of(keep[k]),
+                           predicted_seconds(comm::StepKind::kAllGather, b_bytes[k], group->group_size()),
                            std::chrono::duration<double>(Clock::now() - t0).count()});
   }
 }

@@ -79,13 +79,13 @@ double bus_factor(const std::string& op, int n) {
   return static_cast<double>(n - 1) / n;
 }
 
-tensor::CommProfile run_comm_benchmark(comm::Backend& world, const CommBenchOptions& opts,
-                                       const std::function<void(const CommBenchRow&)>& on_row) {
+comm::CommProfile run_comm_benchmark(comm::Backend& world, const CommBenchOptions& opts,
+                                     const std::function<void(const CommBenchRow&)>& on_row) {
   validate(opts);
   const at::ScalarType dtype = parse_bench_dtype(opts.dtype);
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   const int n = world.group_size();
-  tensor::CommProfile profile{world.name(), n, {}};
+  comm::CommProfile profile{world.name(), n, {}};
   for (const auto& op : opts.ops) {
     std::vector<std::pair<double, double>> fit_points;  // (bus bytes, median seconds)
     for (int64_t bytes = opts.min_bytes; bytes <= opts.max_bytes; bytes *= opts.step_factor) {
@@ -115,7 +115,7 @@ tensor::CommProfile run_comm_benchmark(comm::Backend& world, const CommBenchOpti
       fit_points.emplace_back(static_cast<double>(row.bytes) * bus_factor(op, n), row.median_s);
       on_row(row);
     }
-    if (fit_points.size() >= 2) profile.collectives[op] = tensor::fit_alpha_beta(fit_points);
+    if (fit_points.size() >= 2) profile.collectives[op] = comm::fit_alpha_beta(fit_points);
   }
   return profile;
 }

@@ -1,7 +1,7 @@
 // The collective benchmark behind `dtrain bench comm` and bench/comm_vs_engine: each collective over a range
 // of sizes, timed as nccl-tests times it (the slowest rank's time per call; minimum and median over
 // iterations; algorithm and bus bandwidth), and the alpha-beta profile fitted to it that the DTensor planner
-// plans with (tensor/cost_model.h).
+// plans with (comm/cost_model.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/cost_model.h"
 #include "plan/comm_bench_options.h"
-#include "tensor/cost_model.h"
 
 namespace dtrain::plan {
 
@@ -32,8 +32,8 @@ struct CommBenchRow {
 // Runs every op at every size on `group` (collective: every rank calls it) and calls `on_row` on every rank
 // for each (op, size) as it is measured. Returns the profile fitted per op (alpha + beta * bus bytes; ops
 // with fewer than two sizes are left out).
-tensor::CommProfile run_comm_benchmark(comm::Backend& group, const CommBenchOptions& opts,
-                                       const std::function<void(const CommBenchRow&)>& on_row);
+comm::CommProfile run_comm_benchmark(comm::Backend& group, const CommBenchOptions& opts,
+                                     const std::function<void(const CommBenchRow&)>& on_row);
 
 // The element type named by --dtype (float32, float64, bfloat16, float16, int32, int64); ValueError
 // otherwise.

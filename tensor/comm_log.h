@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/cost_model.h"
+#include "tensor/redistribute_plan.h"
 
 namespace dtrain::tensor {
 

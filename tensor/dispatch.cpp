@@ -1,7 +1,7 @@
 // The DTensor dispatcher handler (DESIGN §4, "Transparent execution"): every aten op on a DTensor reaches
-// handle() through the fallback of DTensor's dispatch key (kDTensorKey, PrivateUse1 unless the build says
-// otherwise), and through per-op kernels on the ops whose
-// CompositeExplicitAutograd kernels would otherwise run first and allocate global-size plain tensors.
+// handle() through the router of the extension key (dispatch/router.h: its fallback, and per-op kernels on
+// the ops whose CompositeExplicitAutograd kernels would otherwise run first and allocate global-size plain
+// tensors).
 //
 //   inputs                                             what runs                       outputs
 //   all DTensors Replicate                             the op on the local blocks      Replicate
@@ -15,7 +15,6 @@
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <memory>
@@ -26,13 +25,13 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dispatch/router.h"
 #include "tensor/comm_log.h"
 #include "tensor/detail/decision_check.h"
 #include "tensor/detail/dispatch_util.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/detail/rule_plan.h"
 #include "tensor/detail/view_sync.h"
-#include "tensor/on_demand.h"
 #include "tensor/redistribute.h"
 #include "tensor/settings.h"
 #include "tensor/shard_math.h"
@@ -464,8 +463,8 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
   }
 }
 
-void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  if (detail::handle_on_demand(op, stack)) return;  // a ZeRO-3 parameter (tensor/on_demand.h)
+// DTensor's handler, which the extension key's router (dispatch/router.h) calls for every op on a DTensor.
+void handle(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n_args = op.schema().arguments().size();
   // The mesh (of the first DTensor argument).
   MeshPtr mesh;
@@ -477,20 +476,10 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   detail::reporting_failures(mesh, [&] { handle_on(op, stack, mesh); });
 }
 
-// Reports whether `from`'s implementation may be copied into `self`'s (Tensor::set_data). A DTensor may
-// replace a plain tensor's contents (that is how module parameters become DTensors), since all of its state
-// travels in the copied metadata. A ZeRO-3 parameter (on demand) is never replaced by anything else: its
-// values live in the strategy's shards, which would go on training while the module read the replacement.
+// Whether `from`'s implementation may be copied into `self`'s (Tensor::set_data). A DTensor may replace a
+// plain tensor's contents (that is how module parameters become DTensors), since all of its state travels in
+// the copied metadata.
 bool compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
-  if (is_on_demand(self) && !is_on_demand(from)) {
-    throw ValueError(
-        str_cat(rank_prefix(),
-                " a ZeRO-3 parameter (gathered on demand) cannot be replaced by another "
-                "tensor (",
-                from.toString(), " ", from.sizes(),
-                "), as Module::to() or Tensor::set_data() would: its values live in the strategy's "
-                "shards. Convert the module (dtype, device) before applying ZeRO-3."));
-  }
   return is_dtensor(from) || !is_dtensor(self);
 }
 
@@ -501,44 +490,9 @@ namespace detail {
 int64_t gather_count() { return g_gathers.load(); }
 
 void ensure_dispatch_registered() {
-  // Registered at the first DTensor rather than at load time, so that a key another extension already
-  // claimed is an error naming the fix rather than a crash before main(). The fallback alone loses to
-  // CompositeExplicitAutograd kernels (they would run on the DTensor itself and allocate global-size plain
-  // outputs), so the handler is registered on each such aten op too, once every op is loaded.
   static std::once_flag once;
-  std::call_once(once, [] {
-    auto& d = c10::Dispatcher::singleton();
-    const auto names = d.getAllOpNames();
-    std::string claimed;
-    if (d.hasBackendFallbackForDispatchKey(kDTensorKey)) claimed = "a backend fallback";
-    for (const auto& name : names) {  // (libtorch itself registers c10d's ops on PrivateUse1: not a claim)
-      if (!claimed.empty() || name.name.rfind("aten::", 0) != 0) continue;
-      auto h = d.findOp(name);
-      if (h && h->hasKernelForDispatchKey(kDTensorKey)) claimed = "a kernel for " + name.name;
-    }
-    if (!claimed.empty()) {
-      throw NotSupportedError(str_cat("DTensor: the dispatch key ", c10::toString(kDTensorKey),
-                                      " that this build of dtrain uses is already ",
-                                      "claimed by another extension loaded in this process (it registered ",
-                                      claimed,
-                                      "). Rebuild dtrain with another key, e.g. cmake "
-                                      "-DDTRAIN_DISPATCH_KEY=PrivateUse2 (or PrivateUse3)."));
-    }
-    static torch::Library fallback(torch::Library::IMPL, "_", kDTensorKey, __FILE__, __LINE__);
-    fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&handle>());
-    static torch::Library lib(torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
-    lib.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy_type);
-    for (const auto& name : names) {
-      auto h = d.findOp(name);
-      if (!h || name.name.rfind("aten::", 0) != 0 || h->hasKernelForDispatchKey(kDTensorKey)) continue;
-      if (!h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-          !h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
-        continue;
-      }
-      std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      lib.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&handle>());
-    }
-  });
+  std::call_once(once, [] { dispatch::route_wrapper_tensors(&handle, &compatible_shallow_copy_type); });
+  dispatch::ensure_registered();
 }
 
 }  // namespace detail

@@ -50,8 +50,9 @@ PlanCache& plan_cache(int axes) {
   std::lock_guard<std::mutex> lock(mu);
   auto& c = caches[{axes, profile}];
   if (!c) {
-    c = std::make_unique<PlanCache>(profile.empty() ? CostModel::defaults(axes)
-                                                    : CostModel::from_profile(read_profile(profile), axes));
+    c = std::make_unique<PlanCache>(profile.empty()
+                                        ? CostModel::defaults(axes)
+                                        : CostModel::from_profile(comm::read_profile(profile), axes));
   }
   return *c;
 }

@@ -24,10 +24,14 @@
 #include <tuple>
 #include <vector>
 
-#include "tensor/cost_model.h"
+#include "comm/cost_model.h"
 #include "tensor/placement.h"
 
 namespace dtrain::tensor {
+
+// The collective cost model (comm/cost_model.h), which the planner plans with and DTensor's records name.
+using comm::CostModel;
+using comm::StepKind;
 
 struct RedistributeProblem {
   std::vector<int64_t> shape;       // global shape

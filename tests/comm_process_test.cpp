@@ -26,12 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::backend_ranks_name;
-using dtrain::test::expect_all_ok;
-using dtrain::test::free_port;
-using dtrain::test::Job;
-using dtrain::test::read_file;
-using dtrain::test::run_worker;
+using namespace dtrain::test;  // (tests/process_job.h: Job, run_worker, ...)
 
 class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

@@ -8,9 +8,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include "comm/detail/agreement.h"
+#include "comm/detail/job_store.h"
 #include "comm/factory.h"
 #include "comm/gloo/gloo_backend.h"
-#include "comm/job_store.h"
 #include "core/error.h"
 
 using namespace dtrain;

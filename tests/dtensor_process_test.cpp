@@ -25,12 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::backend_ranks_name;
-using dtrain::test::expect_all_ok;
-using dtrain::test::free_port;
-using dtrain::test::Job;
-using dtrain::test::read_file;
-using dtrain::test::run_worker;
+using namespace dtrain::test;  // (tests/process_job.h: Job, run_worker, ...)
 
 // DTensor redistribution on real collectives: every source -> target pair on 1-d meshes of 1-4 ranks and on a
 // 2x2 mesh, uneven shape (7, 5), values exact, collectives issued as planned.

@@ -1,7 +1,7 @@
 // Fault tier, exit paths (CTest label `fault`): how fast a job ends once a rank is gone. A rank killed
 // (SIGKILL) is named as gone by the others in under 2 s, wherever its launcher is; a rank frozen (SIGSTOP) at
 // any point of a run (core/fault_injection.h) ends the job within the timeout and a few seconds, every time,
-// since no exit path starts a new deadline of its own (comm/failing.h).
+// since no exit path starts a new deadline of its own (comm/detail/failing.h).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -106,8 +106,8 @@ TEST(FaultDeadPeer, KilledRankUnderMpiEndsTheJobWithinTwoSeconds) {
 constexpr int kFreezeTimeout = 4;  // DTRAIN_TIMEOUT, seconds
 constexpr int kFreezeGrace = 1;    // dtrain run --stop-grace, seconds
 // The job must end within the timeout + this after the freeze: the survivors' exit (the exit budget of
-// comm/failing.h, 2 s at most), the launcher's grace before SIGKILL, and a step of compute after the freeze.
-// A path that started a new deadline of its own would take another timeout (4 s) and fail it.
+// comm/detail/failing.h, 2 s at most), the launcher's grace before SIGKILL, and a step of compute after the
+// freeze. A path that started a new deadline of its own would take another timeout (4 s) and fail it.
 constexpr double kFreezeSlack = kFreezeGrace + 3.0;
 
 // `dtrain train`'s own GPT (its gradients in more than one bucket: a frozen rank leaves the later buckets

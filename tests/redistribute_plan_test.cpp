@@ -14,6 +14,7 @@
 
 using namespace dtrain;
 using namespace dtrain::tensor;
+using namespace dtrain::comm;  // the cost model (comm/cost_model.h)
 
 namespace {
 

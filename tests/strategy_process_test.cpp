@@ -24,12 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::backend_ranks_name;
-using dtrain::test::expect_all_ok;
-using dtrain::test::free_port;
-using dtrain::test::Job;
-using dtrain::test::read_file;
-using dtrain::test::run_worker;
+using namespace dtrain::test;  // (tests/process_job.h: Job, run_worker, ...)
 
 // The strategies on models::GPT (tests/worker_parallel.cpp): suite "dp", parallel::DataParallel
 // (Horovod-style buckets; its errors too), "zero", parallel::Zero stages 1, 2 and 3, and "hsdp" (ZeRO-3 on a

@@ -23,12 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using dtrain::test::backend_ranks_name;
-using dtrain::test::expect_all_ok;
-using dtrain::test::free_port;
-using dtrain::test::Job;
-using dtrain::test::read_file;
-using dtrain::test::run_worker;
+using namespace dtrain::test;  // (tests/process_job.h: Job, run_worker, ...)
 
 // Bad input to the command: a clear error naming the value and exit code 2, never a crash (SIGFPE), a silent
 // acceptance, an overflow or a read without end; a mesh of many axes answers quickly.

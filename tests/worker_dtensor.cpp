@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <string>
 
+#include "comm/cost_model.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "tensor/comm_log.h"
-#include "tensor/cost_model.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
@@ -121,8 +121,8 @@ void suite_dtensor(const comm::BackendPtr& world) {
   // all_gather takes a second per call.
   if (ws > 1) {
     std::string path = str_cat("/tmp/dtrain_profile_", getpid(), ".json");
-    CommProfile slow{"gloo", ws, {{"all_gather", AlphaBeta{1.0, 1e-9}}}};
-    write_profile(path, slow);
+    comm::CommProfile slow{"gloo", ws, {{"all_gather", comm::AlphaBeta{1.0, 1e-9}}}};
+    comm::write_profile(path, slow);
     const DTensorSettings before = settings();
     double by_default = redistribute_plan(a, {Replicate()})->seconds;
     DTensorSettings with = before;

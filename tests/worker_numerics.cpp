@@ -9,18 +9,18 @@
 #include <fstream>
 #include <string>
 
+#include "apps/dtrain/gpt/train_gpt.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
-#include "models/checkpoint.h"
 #include "models/gpt.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
+#include "parallel/activation_checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
 #include "tensor/comm_log.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
-#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::test {
 
@@ -159,7 +159,7 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
   pc.strategy = cell.strategy;
   pc.tp = cell.tp;
   pc.shard_size = cell.shard_size;
-  if (cell.reduce_fp32) pc.buckets.reduce_dtype = at::kFloat;
+  if (cell.reduce_fp32) pc.reduction.reduce_dtype = at::kFloat;
   if (cell.tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, false);
   optim::MixedPrecision::check(precision, pc);
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap(adamw));
@@ -298,9 +298,9 @@ void check_deterministic(const comm::BackendPtr& world, const std::string& strat
   optim::MixedPrecision mp(precision);
   parallel::ParallelConfig pc;
   pc.strategy = strategy;
-  pc.buckets.bucket_bytes = 16 << 10;
-  pc.buckets.first_bucket_bytes = 4 << 10;
-  pc.buckets.deterministic = true;
+  pc.reduction.bucket_bytes = 16 << 10;
+  pc.reduction.first_bucket_bytes = 4 << 10;
+  pc.reduction.deterministic = true;
   auto par = parallel::parallelize(*gpt, world, pc, mp.wrap(parity_adamw));
   const bool reference = !clip && precision == optim::Precision::kFp32;
   auto ref_opt = parity_adamw(ref->parameters());
@@ -364,7 +364,7 @@ void check_deterministic_refusals(const comm::BackendPtr& world) {
   const models::GPTConfig cfg = clip_gpt();
   auto [ref, gpt] = twin_gpts(cfg, at::kFloat);
   parallel::ParallelConfig pc;
-  pc.buckets.deterministic = true;
+  pc.reduction.deterministic = true;
   auto par = parallel::parallelize(*gpt, world, pc, parity_adamw);
   std::string error;
   try {
@@ -410,14 +410,14 @@ void check_checkpointing(const comm::BackendPtr& world, const std::string& strat
   pc.strategy = strategy;
   pc.tp = tp;
   pc.shard_size = shard_size;
-  pc.checkpoint = {"h*"};  // every block
+  pc.activation_checkpointing = {"h*"};  // every block
   if (tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, false);
   auto par = parallel::parallelize(*gpt, world, pc, parity_adamw);
   for (int64_t step = 1; step <= 6; ++step) {
     double ref_loss = 0, share = 0;
     ref_opt->zero_grad();
     par->zero_grad();
-    const int64_t before = models::checkpoint_recomputations();
+    const int64_t before = parallel::activation_recomputations();
     for (int64_t k = 0; k < acc; ++k) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + k);
       at::Tensor w = at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
@@ -432,8 +432,8 @@ void check_checkpointing(const comm::BackendPtr& world, const std::string& strat
       share += loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B * acc * tp);
     }
     check_true(str_cat(tag, "step ", step, ": each block recomputed once per micro-batch (",
-                       models::checkpoint_recomputations() - before, " recomputations)"),
-               models::checkpoint_recomputations() - before == cfg.n_layer * acc);
+                       parallel::activation_recomputations() - before, " recomputations)"),
+               parallel::activation_recomputations() - before == cfg.n_layer * acc);
     ref_opt->step();
     par->step();
     at::Tensor l = at::full({1}, share, at::kDouble);
@@ -449,7 +449,7 @@ void check_checkpointing_dropout() {
   models::GPTConfig cfg = clip_gpt();
   cfg.dropout = 0.2;
   auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
-  gpt->set_activation_checkpointing(true);
+  parallel::checkpoint_activations(*gpt, {"h*"});
   at::Tensor w = at::randint(cfg.vocab_size, {3, cfg.block_size + 1}, at::kLong);
   at::manual_seed(77);
   ref->loss(w.narrow(1, 0, cfg.block_size).contiguous(), w.narrow(1, 1, cfg.block_size).contiguous())
@@ -485,7 +485,7 @@ void check_checkpointing_refusals(const comm::BackendPtr& world) {
            {"h0.attn", "names module 'h0.attn', which cannot recompute its activations"}}) {
     auto [ref, gpt] = twin_gpts(clip_gpt(), at::kFloat);
     parallel::ParallelConfig pc;
-    pc.checkpoint = {pattern};
+    pc.activation_checkpointing = {pattern};
     std::string error;
     try {
       parallel::parallelize(*gpt, world, pc, parity_adamw);

@@ -153,7 +153,7 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
         }
         c.bytes = 0;
         for (const auto& r : tensor::CommLog::instance().records()) {
-          if (r.kind == tensor::StepKind::kReduceScatter) c.bytes += r.bytes;
+          if (r.kind == comm::StepKind::kReduceScatter) c.bytes += r.bytes;
         }
       }
       if (!last) {
@@ -495,7 +495,7 @@ void check_meta_init(const comm::BackendPtr& world) {
       counter.peak() - before < 4096);
   for (const auto& p : gpt->parameters())
     check_true("meta init: a parameter on the meta device", p.is_meta());
-  parallel::DataParallelOptions o;
+  parallel::ZeroOptions o;
   o.bucket_bytes = 32 << 10;
   models::GPTInit init(cfg.seed);
   o.materialize = [&](const std::string& name, at::Tensor& t) { init(name, t); };

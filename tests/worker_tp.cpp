@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "apps/dtrain/gpt/train_gpt.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "models/gpt.h"
@@ -16,7 +17,6 @@
 #include "tensor/comm_log.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
-#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::test {
 
@@ -76,7 +76,7 @@ void check_pass_comm(const std::string& tag, const models::GPTConfig& cfg, bool 
   auto kinds_of = [&](const std::string& prefix) {
     std::map<std::string, int64_t> k;
     for (const auto& r : records) {
-      if (r.cause.rfind(prefix, 0) == 0) ++k[tensor::to_string(r.kind)];
+      if (r.cause.rfind(prefix, 0) == 0) ++k[comm::to_string(r.kind)];
     }
     return k;
   };

@@ -193,12 +193,12 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   pc.shard_size = o_.shard_size;
   pc.tp = o_.tp;
   pc.tp_plan = o_.tp_plan;
-  pc.buckets = parallel::with_horovod_env({});
-  if (o_.bucket_bytes > 0) pc.buckets.bucket_bytes = o_.bucket_bytes;
-  pc.buckets.deterministic = o_.deterministic;
-  pc.checkpoint = o_.checkpoint_modules;
+  pc.reduction = parallel::with_horovod_env({});
+  if (o_.bucket_bytes > 0) pc.reduction.bucket_bytes = o_.bucket_bytes;
+  pc.reduction.deterministic = o_.deterministic;
+  pc.activation_checkpointing = o_.activation_checkpointing;
   if (!o_.reduce_dtype.empty()) {
-    pc.buckets.reduce_dtype = optim::compute_dtype(optim::parse_precision(o_.reduce_dtype));
+    pc.reduction.reduce_dtype = optim::compute_dtype(optim::parse_precision(o_.reduce_dtype));
   }
   const parallel::Strategy strategy = parallel::validate_parallel_config(pc, ws);
   if (!o_.deterministic && o_.batch / o_.accumulation < n_) {  // (deterministic: whole micro-batches a rank)
@@ -239,9 +239,9 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   // Under dp alone the step's loss (and each rank's memory) travels with the last gradient bucket (fp32
   // buckets only: not through a 16-bit one); otherwise one all-reduce on the steps that need it.
   loss_rides_ = strategy == parallel::Strategy::kDataParallel && o_.tp == 1 && !o_.deterministic &&
-                (pc.buckets.reduce_dtype ? *pc.buckets.reduce_dtype == at::kFloat
-                                         : precision == optim::Precision::kFp32);
-  if (loss_rides_) pc.buckets.side_values = 3 + ws;  // run_step's values
+                (pc.reduction.reduce_dtype ? *pc.reduction.reduce_dtype == at::kFloat
+                                           : precision == optim::Precision::kFp32);
+  if (loss_rides_) pc.reduction.side_values = 3 + ws;  // run_step's values
   optim::LossScalerOptions scaler = o_.scaler;
   scaler.initial_scale = std::pow(2.0, o_.initial_scale_power);
   if (o_.loss_scale > 0) {

@@ -51,7 +51,7 @@ struct TrainerOptions {
   int64_t tp = 1;
   parallel::TensorParallelPlan tp_plan;
   int64_t bucket_bytes = 0;
-  std::vector<std::string> checkpoint_modules;
+  std::vector<std::string> activation_checkpointing;
   // Bitwise the same parameters at any power-of-2 number of data-parallel ranks (DataParallelOptions).
   bool deterministic = false;
   // Numerics: fp32, bf16 or fp16 with fp32 master weights; fp16: 0 dynamic loss scaling (from

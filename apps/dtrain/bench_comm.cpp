@@ -31,39 +31,37 @@ int run_bench_comm(const BenchCommOptions& opts) {
     std::printf("# time: per call, the slowest rank's; min and median over iterations; bw from the median\n");
   }
   std::string last_op;
-  tensor::CommProfile profile =
-      plan::run_comm_benchmark(*world, opts.sweep, [&](const plan::CommBenchRow& r) {
-        if (!printer) return;
-        if (opts.json) {
-          nlohmann::json j{{"tool", "dtrain"},
-                           {"backend", world->name()},
-                           {"ranks", n},
-                           {"op", r.op},
-                           {"bytes", r.bytes},
-                           {"count", r.count},
-                           {"dtype", opts.sweep.dtype},
-                           {"iters", r.iters},
-                           {"min_us", r.min_s * 1e6},
-                           {"median_us", r.median_s * 1e6},
-                           {"algbw_gbs", r.algbw_gbs},
-                           {"busbw_gbs", r.busbw_gbs}};
-          std::printf("%s\n", j.dump().c_str());
-        } else {
-          if (r.op != last_op) {
-            std::printf("\n# %s\n%12s %12s %8s %12s %12s %10s %10s\n", r.op.c_str(), "size(B)", "count",
-                        "iters", "min(us)", "median(us)", "algbw", "busbw");
-            std::printf("%12s %12s %8s %12s %12s %10s %10s\n", "", "(elements)", "", "", "", "(GB/s)",
-                        "(GB/s)");
-            last_op = r.op;
-          }
-          std::printf("%12lld %12lld %8d %12.1f %12.1f %10.3f %10.3f\n", static_cast<long long>(r.bytes),
-                      static_cast<long long>(r.count), r.iters, r.min_s * 1e6, r.median_s * 1e6, r.algbw_gbs,
-                      r.busbw_gbs);
-        }
-        std::fflush(stdout);
-      });
+  comm::CommProfile profile = plan::run_comm_benchmark(*world, opts.sweep, [&](const plan::CommBenchRow& r) {
+    if (!printer) return;
+    if (opts.json) {
+      nlohmann::json j{{"tool", "dtrain"},
+                       {"backend", world->name()},
+                       {"ranks", n},
+                       {"op", r.op},
+                       {"bytes", r.bytes},
+                       {"count", r.count},
+                       {"dtype", opts.sweep.dtype},
+                       {"iters", r.iters},
+                       {"min_us", r.min_s * 1e6},
+                       {"median_us", r.median_s * 1e6},
+                       {"algbw_gbs", r.algbw_gbs},
+                       {"busbw_gbs", r.busbw_gbs}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      if (r.op != last_op) {
+        std::printf("\n# %s\n%12s %12s %8s %12s %12s %10s %10s\n", r.op.c_str(), "size(B)", "count", "iters",
+                    "min(us)", "median(us)", "algbw", "busbw");
+        std::printf("%12s %12s %8s %12s %12s %10s %10s\n", "", "(elements)", "", "", "", "(GB/s)", "(GB/s)");
+        last_op = r.op;
+      }
+      std::printf("%12lld %12lld %8d %12.1f %12.1f %10.3f %10.3f\n", static_cast<long long>(r.bytes),
+                  static_cast<long long>(r.count), r.iters, r.min_s * 1e6, r.median_s * 1e6, r.algbw_gbs,
+                  r.busbw_gbs);
+    }
+    std::fflush(stdout);
+  });
   if (!opts.profile.empty() && printer) {
-    tensor::write_profile(opts.profile, profile);
+    comm::write_profile(opts.profile, profile);
     std::printf("\n# profile written to %s (alpha + beta * bus bytes per collective)\n",
                 opts.profile.c_str());
   }

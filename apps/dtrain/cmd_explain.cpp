@@ -3,8 +3,8 @@
 
 #include <cstdio>
 
+#include "comm/cost_model.h"
 #include "core/error.h"
-#include "tensor/cost_model.h"
 #include "tensor/redistribute_plan.h"
 #include "tensor/shard_math.h"
 
@@ -69,7 +69,7 @@ int run_explain(const ExplainOptions& opts) {
   p.from = check_placements("explain --from", parse_placements(opts.from), ndim, axes);
   p.to = check_placements("explain --to", parse_placements(opts.to), ndim, axes);
   CostModel model = opts.profile.empty() ? CostModel::defaults(axes)
-                                         : CostModel::from_profile(read_profile(opts.profile), axes);
+                                         : CostModel::from_profile(comm::read_profile(opts.profile), axes);
   RedistributePlan plan = plan_redistribute(p, model);
   RedistributePlan naive = naive_plan(p, model);
   std::printf("cost model: %s\n", opts.profile.empty() ? "built-in defaults" : opts.profile.c_str());

@@ -5,10 +5,11 @@
 #include <algorithm>
 #include <deque>
 
-#include "comm/completion.h"
-#include "comm/failing.h"
+#include "comm/detail/agreement.h"
+#include "comm/detail/completion.h"
+#include "comm/detail/failing.h"
+#include "comm/detail/serial_thread.h"
 #include "comm/gloo/detail/gloo_work.h"
-#include "comm/serial_thread.h"
 #include "core/error.h"
 #include "core/log.h"
 

@@ -19,11 +19,11 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/completion.h"
-#include "comm/failing.h"
+#include "comm/detail/completion.h"
+#include "comm/detail/failing.h"
+#include "comm/detail/job_store.h"
+#include "comm/detail/serial_thread.h"
 #include "comm/gloo/detail/gloo_work.h"
-#include "comm/job_store.h"
-#include "comm/serial_thread.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -244,10 +244,10 @@ GlooBackend::GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
       shm_(std::move(shm)) {}
 
 // The issuer thread may be waiting on the shared board, or for an earlier collective, for ranks that will not
-// come: it gives up at once. In a failing process (comm/failing.h), or one an exception is leaving, nothing
-// here may wait for the engine:
-// c10d's destructor would join worker threads still inside collectives with peers that froze or died, each
-// until Gloo's own timeout, so the process group and the waiter thread are left to the process's exit.
+// come: it gives up at once. In a failing process (comm/detail/failing.h), or one an exception is leaving,
+// nothing here may wait for the engine: c10d's destructor would join worker threads still inside collectives
+// with peers that froze or died, each until Gloo's own timeout, so the process group and the waiter thread
+// are left to the process's exit.
 GlooBackend::~GlooBackend() {
   closing_->store(true);
   // (the mutex taken once: an issuer task between its predicate check and its sleep cannot miss the notify)

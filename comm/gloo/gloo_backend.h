@@ -5,9 +5,9 @@
 #pragma once
 
 #include "comm/backend.h"
-#include "comm/completion.h"
-#include "comm/serial_thread.h"
-#include "comm/shm_agreement.h"
+#include "comm/detail/completion.h"
+#include "comm/detail/serial_thread.h"
+#include "comm/detail/shm_agreement.h"
 #include "core/env.h"
 
 namespace c10d {

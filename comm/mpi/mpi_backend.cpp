@@ -1,5 +1,6 @@
 // The mpi backend; see mpi_backend.h.
 #include "comm/mpi/mpi_backend.h"
+#include "comm/detail/agreement.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
@@ -14,12 +15,12 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/failing.h"
-#include "comm/job_store.h"
+#include "comm/detail/failing.h"
+#include "comm/detail/job_store.h"
 #include "comm/mpi/detail/comm_thread.h"
 #include "core/error.h"
-#include "core/log.h"
 #include "core/fault_injection.h"
+#include "core/log.h"
 
 namespace dtrain::comm {
 
@@ -272,9 +273,9 @@ MpiBackend::MpiBackend(std::shared_ptr<Environment> env, std::shared_ptr<detail:
       p2p_comm_(p2p_comm) {}
 
 MpiBackend::~MpiBackend() {
-  // In a failing process (comm/failing.h), or one that an exception is leaving, nothing here may wait for
-  // MPI: a peer that froze, died or waits for this rank holds MPI_Comm_free and MPI_Finalize without end, so
-  // the threads are left and MPI is not finalised.
+  // In a failing process (comm/detail/failing.h), or one that an exception is leaving, nothing here may wait
+  // for MPI: a peer that froze, died or waits for this rank holds MPI_Comm_free and MPI_Finalize without end,
+  // so the threads are left and MPI is not finalised.
   bool failed = thread_->failed() || (p2p_thread_ && p2p_thread_->failed()) || failing() ||
                 std::uncaught_exceptions() > 0;
   if (failed) {

@@ -26,8 +26,8 @@ class MpiBackend : public Backend {
  public:
   // Initialises MPI (unless the program already did) and returns the world group. Rank 0 hosts the job's
   // key-value store (for progress reporting) on a free port, bound to loopback when every rank shares its
-  // host, and shares its address and a fresh job secret over MPI (comm/job_store.h); `store_host` is the
-  // address the other ranks use to reach it on several hosts (empty: rank 0's host name).
+  // host, and shares its address and a fresh job secret over MPI (comm/detail/job_store.h); `store_host` is
+  // the address the other ranks use to reach it on several hosts (empty: rank 0's host name).
   static std::shared_ptr<MpiBackend> create_world(std::chrono::milliseconds timeout,
                                                   const std::string& store_host);
   ~MpiBackend() override;

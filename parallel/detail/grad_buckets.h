@@ -27,8 +27,10 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "parallel/data_parallel.h"
-#include "tensor/cost_model.h"
+#include "comm/cost_model.h"
+#include "parallel/grad_reduction_options.h"
+#include "parallel/meta_device.h"
+#include "parallel/strategy_report.h"
 
 namespace dtrain::parallel::detail {
 
@@ -41,7 +43,7 @@ int64_t bytes_of(const at::Tensor& t);
 // The cost model's time for a bucket collective over `n` ranks, `bytes` being the whole bucket, counted in
 // bus bytes as the DTensor planner counts them; from DTRAIN_COMM_PROFILE when set, else the built-in
 // defaults. For CommLog's "predicted" beside the measured time.
-double predicted_seconds(tensor::StepKind kind, int64_t bytes, int n);
+double predicted_seconds(comm::StepKind kind, int64_t bytes, int n);
 // Group rank 0's values of `tensors`, broadcast in one flat buffer per dtype.
 void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Tensor>& tensors);
 // A plain tensor (not an autograd view) of `sizes` on `flat`'s storage from element `offset`: it can be a
@@ -62,7 +64,7 @@ class BucketReduction {
   virtual ~BucketReduction() = default;
   // CommLog's cause and kind of the bucket reductions.
   virtual const char* cause() const = 0;
-  virtual tensor::StepKind kind() const = 0;
+  virtual comm::StepKind kind() const = 0;
   // Whether a parameter's own .grad is dropped once its gradient is in the bucket.
   virtual bool drops_param_grads() const = 0;
   // Whether a full bucket lives only while a backward needs it: made by the first gradient, let go once
@@ -84,7 +86,7 @@ class BucketReduction {
 struct GradBuckets {
   struct Param {
     std::string name;
-    at::Tensor tensor;  // ZeRO-3: on demand (tensor/on_demand.h); reset when the strategy goes
+    at::Tensor tensor;  // ZeRO-3: on demand (dispatch/on_demand.h); reset when the strategy goes
     std::vector<int64_t> sizes;
     int bucket = -1;
     int64_t offset = 0;  // elements into the bucket
@@ -103,7 +105,8 @@ struct GradBuckets {
   // The other copies of `group` (hsdp's replica group; null: none): the module check, the first broadcast
   // and the buffers' sync go over it too, and gradients are divided by both sizes.
   comm::BackendPtr replicate;
-  DataParallelOptions opts;
+  GradReductionOptions opts;
+  MaterializeFn materialize;             // ZeRO-3: a meta tensor's values (ZeroOptions::materialize)
   BucketReduction* reduction = nullptr;  // the strategy's; outlives the hooks
   std::vector<Param> params;             // registration order
   std::vector<at::Tensor> buffers;
@@ -128,7 +131,7 @@ struct GradBuckets {
   // 0's parameters and buffers are broadcast. A tensor on the meta device is an error unless
   // `meta_allowed` (ZeRO-3, which makes them whole one at a time: made_whole()).
   void collect(torch::nn::Module& module, bool meta_allowed, const char* who);
-  // A tensor on the meta device made whole: opts.materialize gives its values, group rank 0's are broadcast.
+  // A tensor on the meta device made whole: materialize gives its values, group rank 0's are broadcast.
   at::Tensor made_whole(const std::string& name, const at::Tensor& meta);
   // Makes `t` (a module's parameter or buffer, the same tensor the module holds) be `what`. Tensor::set_data
   // refuses a meta tensor becoming another kind, so the implementation is copied over directly then, and

@@ -25,11 +25,11 @@ class TensorParallelStrategy : public ParallelStrategy {
   TensorParallel tp;
 };
 
-// Switches activation checkpointing on for the modules `patterns` name (ParallelConfig::checkpoint); each
-// must be models::Checkpointable. Checked before anything is switched.
-class CheckpointingStrategy : public ParallelStrategy {
+// Switches activation checkpointing on for the modules `patterns` name
+// (ParallelConfig::activation_checkpointing; parallel/activation_checkpointing.h).
+class ActivationCheckpointingStrategy : public ParallelStrategy {
  public:
-  CheckpointingStrategy(torch::nn::Module& module, const std::vector<std::string>& patterns);
+  ActivationCheckpointingStrategy(torch::nn::Module& module, const std::vector<std::string>& patterns);
   std::string name() const override { return "activation checkpointing"; }
 };
 
@@ -75,7 +75,7 @@ class DataParallelStrategy : public ModuleOptimizerStrategy {
 class ZeroStrategy : public ParallelStrategy {
  public:
   ZeroStrategy(torch::nn::Module& module, comm::BackendPtr group, int stage, const OptimizerFactory& make,
-               const DataParallelOptions& opts, comm::BackendPtr replicate, int64_t shard_size,
+               const ZeroOptions& opts, comm::BackendPtr replicate, int64_t shard_size,
                int64_t data_parallel_ranks);
   std::string name() const override { return str_cat("zero", zero.stage()); }
   void set_requires_gradient_sync(bool sync) override { zero.set_requires_gradient_sync(sync); }

@@ -13,8 +13,8 @@
 #include <mutex>
 #include <vector>
 
+#include "dispatch/on_demand.h"
 #include "parallel/detail/grad_buckets.h"
-#include "tensor/on_demand.h"
 
 namespace dtrain::parallel::detail {
 
@@ -41,7 +41,7 @@ struct ZeroState final : BucketReduction {
 
   // BucketReduction (zero.cpp)
   const char* cause() const override { return "zero"; }
-  tensor::StepKind kind() const override { return tensor::StepKind::kReduceScatter; }
+  comm::StepKind kind() const override { return comm::StepKind::kReduceScatter; }
   bool drops_param_grads() const override { return true; }
   bool frees_buckets() const override { return stage >= 2; }
   comm::WorkPtr launch(size_t k, comm::AgreementRun run) override;
@@ -61,7 +61,7 @@ struct ZeroState final : BucketReduction {
   // registration order (a parameter on the meta device made whole by opts.materialize first, group rank 0's
   // values broadcast), and turns each parameter into an on-demand tensor of `source`. Peak: the shards plus
   // one whole parameter.
-  void shard_parameters_only(const std::shared_ptr<tensor::OnDemandSource>& source);
+  void shard_parameters_only(const std::shared_ptr<dispatch::OnDemandSource>& source);
   // Stage 3: copies this rank's part of parameter i's whole value `whole` into its bucket's shard.
   void keep_own_part(int i, const at::Tensor& whole);
   // Every rank's updated shard of every bucket to every rank (one run of all_gathers). Stage 3 gathers
@@ -70,7 +70,7 @@ struct ZeroState final : BucketReduction {
 
   // Stage 3's units (zero3_units.cpp) ---------------------------------------------------------------------
   // The source the parameters gather through (it keeps `self` alive).
-  static std::shared_ptr<tensor::OnDemandSource> make_source(std::shared_ptr<ZeroState> self);
+  static std::shared_ptr<dispatch::OnDemandSource> make_source(std::shared_ptr<ZeroState> self);
   // A parameter's whole value for an op (OnDemandSource::acquire): its unit (bucket) gathered, or being.
   // Policy, the same on every rank (it depends only on the order of uses, which the model code fixes):
   // - forward and backward are phases (backward: inside the autograd engine); at each change of phase every

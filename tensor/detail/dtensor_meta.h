@@ -6,17 +6,13 @@
 #include <atomic>
 #include <memory>
 
+#include "dispatch/keys.h"
 #include "tensor/dtensor.h"
-
-#ifndef DTRAIN_DISPATCH_KEY
-#define DTRAIN_DISPATCH_KEY PrivateUse1
-#endif
 
 namespace dtrain::tensor::detail {
 
-// The dispatch key DTensors carry (the CMake option DTRAIN_DISPATCH_KEY: PrivateUse1, PrivateUse2 or
-// PrivateUse3), for a process where another extension claims PrivateUse1.
-constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::DTRAIN_DISPATCH_KEY;
+// The dispatch key DTensors carry: the extension key (dispatch/keys.h), shared with on-demand tensors.
+constexpr c10::DispatchKey kDTensorKey = dispatch::kExtensionKey;
 
 // A DTensor made by a view op (narrow, view, select, slice, transpose, as_strided, ...) remembers the DTensor
 // it views, so that writes through it reach that tensor and it sees writes made there (tensor/view_sync.h).
@@ -95,7 +91,8 @@ decltype(auto) reporting_failures(const MeshPtr& mesh, F&& f) {
     throw;
   }
 }
-// Registers the dispatcher handler once (tensor/dispatch.cpp).
+// Routes the extension key's ops on DTensors to the handler (tensor/dispatch.cpp), registering the router
+// once.
 void ensure_dispatch_registered();
 // Test-only: how many op calls so far fell back to gathering their inputs.
 int64_t gather_count();

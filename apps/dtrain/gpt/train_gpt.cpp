@@ -26,6 +26,8 @@
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
 #include "parallel/strategy.h"
+#include "plan/memory_model.h"
+#include "plan/strategy_choice.h"
 #include "tensor/comm_log.h"
 #include "tensor/distribute_module.h"
 #include "tensor/dtensor.h"
@@ -207,14 +209,8 @@ void print_memory(const TrainOptions& o, Trainer& t, const Report& report, paral
     std::printf("model state per rank: %s (fp32 AdamW over %ld parameters%s: %s = %.2f MiB)\n",
                 report.state.to_string().c_str(), static_cast<long>(psi),
                 o.tp > 1 ? " (this rank's tensor-parallel part)" : "",
-                strategy == parallel::Strategy::kDataParallel ? "16 bytes each"
-                : strategy == parallel::Strategy::kZero1      ? "8 + 8/N bytes each"
-                : strategy == parallel::Strategy::kZero2      ? "4 + 12/N bytes each"
-                                                              : "16/N bytes each",
-                strategy == parallel::Strategy::kDataParallel ? 16 * mib
-                : strategy == parallel::Strategy::kZero1      ? (8 + 8.0 / ns) * mib
-                : strategy == parallel::Strategy::kZero2      ? (4 + 12.0 / ns) * mib
-                                                              : 16.0 / ns * mib);
+                plan::model_state_formula(strategy).c_str(),
+                plan::model_state_bytes_per_param(strategy, ns) * mib);
   }
 }
 
@@ -331,21 +327,18 @@ void resolve_options(TrainOptions& o, int64_t world_size, int64_t params, double
                                      " sequences: the same bits at 1, 2, 4 and 8 data-parallel ranks)"));
   }
   if (o.strategy == "auto") {
-    // The rule until a planner exists: the model state of fp32 AdamW (16 bytes per parameter: weights,
-    // gradients, two moments; under 16-bit precision the 2-byte weights and gradients plus fp32 masters and
-    // moments, also 16) against half the memory available per rank on this node: dp while a whole copy
-    // fits, else zero2 (4 + 12/N bytes), else zero3 (16/N).
+    // The planner's rule (plan/strategy_choice.h) over the memory available per rank on this node.
     const char* lws = std::getenv("LOCAL_WORLD_SIZE");  // ranks sharing this node's memory
-    const double local = static_cast<double>(
-        std::max<int64_t>(1, std::min<int64_t>(world_size, lws ? std::atoll(lws) : world_size)));
-    const double budget = available_bytes / local / 2;
-    const double p = static_cast<double>(params) / static_cast<double>(o.tp), dn = static_cast<double>(n);
-    const double dp_bytes = 16 * p, zero2_bytes = (4 + 12 / dn) * p;
-    o.strategy = dp_bytes <= budget ? "dp" : zero2_bytes <= budget ? "zero2" : "zero3";
-    o.config_notes.push_back(
-        str_cat("strategy auto: ", o.strategy, " (model state: dp ", dp_bytes / (1 << 20), " MiB, zero2 ",
-                zero2_bytes / (1 << 20), " MiB, zero3 ", 16 * p / dn / (1 << 20),
-                " MiB per rank, against half of the ", budget * 2 / (1 << 20), " MiB available per rank)"));
+    plan::StrategyInputs in;
+    in.params = params;
+    in.tp = o.tp;
+    in.data_parallel = n;
+    in.available_bytes = available_bytes;
+    in.ranks_on_node =
+        std::max<int64_t>(1, std::min<int64_t>(world_size, lws ? std::atoll(lws) : world_size));
+    const plan::StrategyChoice choice = plan::choose_strategy(in);
+    o.strategy = parallel::to_string(choice.strategy);
+    o.config_notes.push_back(str_cat("strategy auto: ", choice.reason));
   }
 }
 
@@ -371,7 +364,7 @@ void check_train_options(const TrainOptions& o) {
 int train_gpt(const TrainOptions& options) {
   TrainOptions o = options;
   o.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
-  if (o.checkpoint_activations) o.checkpoint_modules = {"h*"};  // every block
+  if (o.checkpoint_activations) o.activation_checkpointing = {"h*"};  // every block
   o.tokens_per_sample = o.model.block_size;
   resolve_deepspeed(o);
   {  // every option alone, before any rank waits for the others ("auto" is checked as dp)

@@ -78,8 +78,8 @@ class GlooWork : public Work {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
-// A collective that is not handed to c10d because an earlier one of this process failed (comm/failing.h):
-// a new engine op would wait for the failed peers up to a timeout of its own.
+// A collective that is not handed to c10d because an earlier one of this process failed
+// (comm/detail/failing.h): a new engine op would wait for the failed peers up to a timeout of its own.
 CommError not_started(const OpInfo& info);
 
 // Settles a collective's Issued: its c10d Work, or the error that stopped it.

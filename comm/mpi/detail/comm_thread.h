@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/completion.h"
+#include "comm/detail/completion.h"
 
 namespace dtrain::comm::detail {
 

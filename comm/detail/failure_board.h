@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "comm/bounded_store.h"
+#include "comm/detail/bounded_store.h"
 
 namespace dtrain::comm {
 

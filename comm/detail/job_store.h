@@ -17,7 +17,7 @@
 #include <chrono>
 #include <string>
 
-#include "comm/bounded_store.h"
+#include "comm/detail/bounded_store.h"
 #include "core/env.h"
 
 namespace dtrain::comm {

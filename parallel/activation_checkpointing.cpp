@@ -1,5 +1,5 @@
-// Activation checkpointing; see checkpoint.h.
-#include "models/checkpoint.h"
+// Activation checkpointing; see activation_checkpointing.h.
+#include "parallel/activation_checkpointing.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,7 +9,10 @@
 #include <atomic>
 #include <mutex>
 
-namespace dtrain::models {
+#include "core/error.h"
+#include "parallel/tensor_parallel.h"
+
+namespace dtrain::parallel {
 
 namespace {
 
@@ -17,7 +20,7 @@ std::atomic<int64_t> g_recomputations{0};
 
 struct Checkpoint : torch::autograd::Function<Checkpoint> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const CheckpointBody* body, const at::Tensor& x,
+                                                const nn::BlockBody* body, const at::Tensor& x,
                                                 at::TensorList params) {
     ctx->saved_data["body"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(body));
     ctx->saved_data["params"] = params.vec();
@@ -38,7 +41,7 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto* body =
-        reinterpret_cast<const CheckpointBody*>(static_cast<intptr_t>(ctx->saved_data["body"].toInt()));
+        reinterpret_cast<const nn::BlockBody*>(static_cast<intptr_t>(ctx->saved_data["body"].toInt()));
     const std::vector<at::Tensor> params = ctx->saved_data["params"].toTensorVector();
     const at::Tensor x = ctx->get_saved_variables()[0];
     at::Tensor x2 = x.detach().requires_grad_(x.requires_grad());
@@ -80,14 +83,41 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
 
 }  // namespace
 
-at::Tensor checkpoint(const CheckpointBody& body, const at::Tensor& x,
-                      const std::vector<at::Tensor>& params) {
+at::Tensor recompute_in_backward(const nn::BlockBody& body, const at::Tensor& x,
+                                 const std::vector<at::Tensor>& params) {
   bool any = x.requires_grad();
   for (const auto& p : params) any = any || p.requires_grad();
   if (!at::GradMode::is_enabled() || !any) return body(x);
   return Checkpoint::apply(&body, x, at::TensorList(params))[0];
 }
 
-int64_t checkpoint_recomputations() { return g_recomputations.load(); }
+void checkpoint_activations(torch::nn::Module& module, const std::vector<std::string>& patterns) {
+  std::vector<nn::ActivationCheckpointable*> chosen;
+  for (const auto& pattern : patterns) {
+    int matched = 0;
+    std::string names;
+    for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+      names += str_cat(names.empty() ? "" : ", ", item.key());
+      if (!tp_pattern_matches(pattern, item.key())) continue;
+      ++matched;
+      auto* c = dynamic_cast<nn::ActivationCheckpointable*>(item.value().get());
+      if (c == nullptr) {
+        throw ValueError(str_cat("activation checkpointing: pattern '", pattern, "' names module '",
+                                 item.key(),
+                                 "', which cannot recompute its activations: it must derive "
+                                 "nn::ActivationCheckpointable (nn/activation_checkpointable.h) and run its "
+                                 "body through run_body() in its forward."));
+      }
+      chosen.push_back(c);
+    }
+    if (matched == 0) {
+      throw ValueError(str_cat("activation checkpointing: pattern '", pattern,
+                               "' names no module. The module's submodules: ", names, "."));
+    }
+  }
+  for (auto* c : chosen) c->set_body_runner(&recompute_in_backward);
+}
 
-}  // namespace dtrain::models
+int64_t activation_recomputations() { return g_recomputations.load(); }
+
+}  // namespace dtrain::parallel

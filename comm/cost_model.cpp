@@ -1,5 +1,5 @@
 // CostModel; see cost_model.h.
-#include "tensor/cost_model.h"
+#include "comm/cost_model.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 
-namespace dtrain::tensor {
+namespace dtrain::comm {
 
 const char* to_string(StepKind k) {
   switch (k) {
@@ -193,4 +193,4 @@ const AlphaBeta& CostModel::get(StepKind kind, int axis) const {
   return per_axis_[axis][static_cast<int>(kind)];
 }
 
-}  // namespace dtrain::tensor
+}  // namespace dtrain::comm

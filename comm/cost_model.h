@@ -1,7 +1,8 @@
-// CostModel: predicted seconds of the steps a redistribution may take, per mesh axis: alpha + beta * bytes
-// for each collective (bytes as nccl-tests' bus bytes, per rank), a copy rate for local steps, and a weight
-// on the peak buffer a step needs. Built-in defaults serve until a profile measured on the machine in use is
-// loaded.
+// CostModel: the alpha-beta collective cost model, below DTensor's redistribution planner (tensor/) and the
+// planner of plan/. Predicted seconds of the steps a redistribution may take, per mesh axis: alpha + beta *
+// bytes for each collective (bytes as nccl-tests' bus bytes, per rank), a copy rate for local steps, and a
+// weight on the peak buffer a step needs. Built-in defaults serve until a profile measured on the machine in
+// use is loaded.
 #pragma once
 
 #include <array>
@@ -10,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace dtrain::tensor {
+namespace dtrain::comm {
 
 // The kinds of single-axis step a redistribution is made of (DESIGN §4).
 enum class StepKind {
@@ -73,4 +74,4 @@ class CostModel {
   double memory_weight_ = 1e-12;
 };
 
-}  // namespace dtrain::tensor
+}  // namespace dtrain::comm

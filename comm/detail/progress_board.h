@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/bounded_store.h"
+#include "comm/detail/bounded_store.h"
 
 namespace dtrain::comm {
 

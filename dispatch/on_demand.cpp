@@ -1,5 +1,5 @@
 // On-demand tensors; see on_demand.h.
-#include "tensor/on_demand.h"
+#include "dispatch/on_demand.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -7,10 +7,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "tensor/detail/dtensor_meta.h"
-#include "tensor/layout_keys.h"
+#include "dispatch/keys.h"
+#include "dispatch/router.h"
 
-namespace dtrain::tensor {
+namespace dtrain::dispatch {
 
 namespace {
 
@@ -35,20 +35,20 @@ struct OnDemandMeta : c10::BackendMeta {
 // Storage-less, with the global tensor's sizes, strides and offset (`like`'s), on `device`.
 struct OnDemandImpl : c10::TensorImpl {
   OnDemandImpl(const at::Tensor& like, c10::Device device, c10::DispatchKeySet extra)
-      : c10::TensorImpl(c10::DispatchKeySet(detail::kDTensorKey) | extra, like.dtype(), device) {
+      : c10::TensorImpl(c10::DispatchKeySet(kExtensionKey) | extra, like.dtype(), device) {
     set_storage_access_should_throw();
     set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   }
 };
 
 const OnDemandMeta* meta_of(const at::Tensor& t) {
-  if (!t.defined() || !t.unsafeGetTensorImpl()->key_set().has(detail::kDTensorKey)) return nullptr;
+  if (!t.defined() || !t.unsafeGetTensorImpl()->key_set().has(kExtensionKey)) return nullptr;
   return dynamic_cast<const OnDemandMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
 }
 
 at::Tensor make(const at::Tensor& like, c10::Device device, c10::intrusive_ptr<OnDemandMeta> meta,
                 c10::DispatchKeySet extra) {
-  detail::ensure_dispatch_registered();
+  ensure_registered();
   at::Tensor t = at::detail::make_tensor<OnDemandImpl>(like, device, carried_layout_keys(extra));
   t.unsafeGetTensorImpl()->set_backend_meta(std::move(meta));
   return t;
@@ -142,21 +142,21 @@ bool handle_on_demand(const c10::OperatorHandle& op, std::vector<c10::IValue>* s
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
-  bool any = false, any_dtensor = false;
+  const OnDemandMeta* first = nullptr;
+  bool any_other = false;  // another tensor on the extension key (a DTensor)
   for_each_tensor(*stack, n_args, [&](const at::Tensor& t, size_t) {
-    if (meta_of(t) != nullptr) {
-      any = true;
-    } else if (is_dtensor(t)) {
-      any_dtensor = true;
+    if (const OnDemandMeta* m = meta_of(t); m != nullptr) {
+      if (first == nullptr) first = m;
+    } else if (t.defined() && t.key_set().has(kExtensionKey)) {
+      any_other = true;
     }
     return at::Tensor();
   });
-  if (!any) return false;
-  if (any_dtensor) {
-    throw NotSupportedError(str_cat(rank_prefix(), " ", op_name(op),
-                                    " got both a ZeRO-3 parameter (gathered on demand) and a DTensor: "
-                                    "ZeRO-3 combines with tensor parallelism through parallelize()'s tp "
-                                    "styles (parallel/tensor_parallel.h), not with DTensor parameters."));
+  if (first == nullptr) return false;
+  if (any_other) {
+    throw NotSupportedError(str_cat(rank_prefix(), " ", op_name(op), " got both ", first->source->describe(),
+                                    " and a DTensor: an op takes on-demand tensors or DTensors, not both. "
+                                    "Make a module's parameters one or the other."));
   }
 
   // A view: another on-demand tensor, its metadata from the op on a meta tensor.
@@ -210,6 +210,15 @@ bool handle_on_demand(const c10::OperatorHandle& op, std::vector<c10::IValue>* s
   return true;
 }
 
+void check_not_replaced(const at::Tensor& self, const at::Tensor& from) {
+  const OnDemandMeta* m = meta_of(self);
+  if (m == nullptr || meta_of(from) != nullptr) return;
+  throw ValueError(str_cat(rank_prefix(), " ", m->source->describe(),
+                           " cannot be replaced by another tensor (", from.toString(), " ", from.sizes(),
+                           "), as Module::to() or Tensor::set_data() would: its values live in its source. ",
+                           m->source->replace_fix()));
+}
+
 }  // namespace detail
 
-}  // namespace dtrain::tensor
+}  // namespace dtrain::dispatch
