@@ -7,6 +7,7 @@
 #include <numeric>
 #include <thread>
 
+#include "comm/comm_log.h"
 #include "comm/detail/agreement.h"
 #include "comm/detail/bounded_store.h"
 #include "comm/detail/failure_board.h"
@@ -213,6 +214,25 @@ WorkPtr finish(WorkPtr work, std::function<void()> copy_back, at::Tensor avg_buf
   return work;
 }
 
+// Communication accounting, the one place it is recorded (comm/comm_log.h): a collective issued while a
+// CommCause is alive on this thread goes into the log once its Work was waited for.
+WorkPtr accounted(WorkPtr work, StepKind kind, const at::Tensor& contributed, int group_size) {
+  if (!CommCause::active()) return work;
+  const int64_t bytes = contributed.numel() * contributed.element_size();
+  CommRecord r{CommCause::current(),
+               kind,
+               CommCause::axis(),
+               bytes,
+               CommCause::predicted().value_or(predicted_collective_seconds(kind, bytes, group_size)),
+               0};
+  const Clock::time_point issued = work->info().issued;
+  work->then([r = std::move(r), issued]() mutable {
+    r.measured_s = std::chrono::duration<double>(Clock::now() - issued).count();
+    CommLog::instance().record(std::move(r));
+  });
+  return work;
+}
+
 }  // namespace
 
 WorkPtr Backend::all_reduce(at::Tensor& tensor, const AllReduceOptions& opts) {
@@ -229,7 +249,8 @@ WorkPtr Backend::all_reduce(at::Tensor& tensor, const AllReduceOptions& opts) {
   WorkPtr w = buf.numel() == 0 || group_size() == 1 ? std::make_shared<CompletedWork>(info)
                                                     : do_all_reduce(buf, op, info);
   bool divide = opts.op == ReduceOp::kAvg && group_size() > 1;
-  return finish(w, copy_back, divide ? buf : at::Tensor(), group_size());
+  return accounted(finish(w, copy_back, divide ? buf : at::Tensor(), group_size()), StepKind::kAllReduce,
+                   tensor, group_size());
 }
 
 WorkPtr Backend::reduce_scatter(at::Tensor& output, const at::Tensor& input,
@@ -275,7 +296,8 @@ WorkPtr Backend::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
     w = do_reduce_scatter_v(out, in, counts, op, info);
   }
   bool divide = opts.op == ReduceOp::kAvg && group_size() > 1;
-  return finish(w, copy_back, divide ? out : at::Tensor(), group_size());
+  return accounted(finish(w, copy_back, divide ? out : at::Tensor(), group_size()), StepKind::kReduceScatter,
+                   input, group_size());
 }
 
 WorkPtr Backend::all_gather(at::Tensor& output, const at::Tensor& input, const AllGatherOptions& opts) {
@@ -314,7 +336,7 @@ WorkPtr Backend::all_gather_v(at::Tensor& output, const at::Tensor& input, const
   } else {
     w = do_all_gather_v(out, in, counts, info);
   }
-  return finish(w, copy_back, at::Tensor(), 1);
+  return accounted(finish(w, copy_back, at::Tensor(), 1), StepKind::kAllGather, input, group_size());
 }
 
 WorkPtr Backend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
@@ -368,7 +390,7 @@ WorkPtr Backend::all_to_all_v(at::Tensor& output, const at::Tensor& input,
   } else {
     w = do_all_to_all_v(out, in, send_counts, recv_counts, info);
   }
-  return finish(w, copy_back, at::Tensor(), 1);
+  return accounted(finish(w, copy_back, at::Tensor(), 1), StepKind::kAllToAll, input, group_size());
 }
 
 WorkPtr Backend::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {

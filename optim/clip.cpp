@@ -6,8 +6,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::optim {
 
@@ -34,11 +34,8 @@ double clip_grad_norm(parallel::Parallelized& par, double max_norm) {
       if (!p.grad.defined()) continue;
       sum += p.grad.detach().to(at::kDouble).pow(2).sum() / static_cast<double>(p.copies);
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    comm::CommCause cause("clip_grad_norm");
     par.world()->all_reduce(sum)->wait();
-    tensor::CommLog::instance().record(
-        tensor::CommRecord{"clip_grad_norm", comm::StepKind::kAllReduce, 0, 8, 0.0,
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   }
   const double norm = std::sqrt(sum.item<double>());
   const double coef = std::min(1.0, max_norm / (norm + 1e-6));

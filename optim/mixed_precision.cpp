@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::optim {
 
@@ -74,13 +74,12 @@ bool MixedPrecision::unscale(parallel::Parallelized& par) {
   }
   bookkeeping_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // (the check's all-reduce is communication, in CommLog: it waits for the slowest rank)
-  const auto t0 = std::chrono::steady_clock::now();
   comm::AllReduceOptions o;
   o.op = comm::ReduceOp::kMax;
-  par.world()->all_reduce(bad, o)->wait();
-  tensor::CommLog::instance().record(
-      tensor::CommRecord{"mixed precision overflow check", comm::StepKind::kAllReduce, 0, 4, 0.0,
-                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  {
+    comm::CommCause cause("mixed precision overflow check");
+    par.world()->all_reduce(bad, o)->wait();
+  }
   start = std::chrono::steady_clock::now();
   const bool overflow = bad.item<float>() > 0;
   if (precision_ == Precision::kFp16) {

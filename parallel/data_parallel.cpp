@@ -30,7 +30,6 @@ class AllReduceBuckets : public detail::BucketReduction {
  public:
   explicit AllReduceBuckets(detail::GradBuckets& engine) : e_(engine) {}
   const char* cause() const override { return "data_parallel"; }
-  comm::StepKind kind() const override { return comm::StepKind::kAllReduce; }
   bool drops_param_grads() const override { return false; }
   bool frees_buckets() const override { return false; }
   comm::WorkPtr launch(size_t k, comm::AgreementRun run) override {
@@ -138,6 +137,19 @@ void DataParallel::set_requires_gradient_sync(bool sync) {
 bool DataParallel::requires_gradient_sync() const {
   std::lock_guard<std::mutex> lock(state_->engine.mu);
   return state_->engine.sync;
+}
+
+std::vector<StepCollective> DataParallel::step_collectives() const {
+  const detail::GradBuckets& e = state_->engine;
+  const int64_t n = e.group->group_size(), nb = static_cast<int64_t>(e.buckets.size());
+  int64_t whole = 0, part = 0;
+  for (size_t k = 0; k < e.buckets.size(); ++k) {
+    whole += e.bucket_bytes(k);
+    part += e.part_bytes(k);
+  }
+  if (!e.opts.deterministic) return {{"data_parallel", "all_reduce", nb, whole, n}};
+  if (n == 1) return {};
+  return {{"deterministic", "all_to_all", nb, whole, n}, {"deterministic", "all_gather", nb, part, n}};
 }
 
 std::vector<std::vector<std::string>> DataParallel::buckets() const { return state_->engine.bucket_names(); }

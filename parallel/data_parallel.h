@@ -59,6 +59,9 @@ class DataParallel {
 
   // The timeline of the last synchronised backward (empty before the first).
   PassTimeline last_pass() const;
+  // The collectives of each optimizer step (strategy_report.h): one bucket all-reduce each, or in
+  // deterministic mode an all-to-all and an all-gather each.
+  std::vector<StepCollective> step_collectives() const;
 
   // Parameter names per bucket, in the order the buckets are all-reduced.
   std::vector<std::vector<std::string>> buckets() const;

@@ -14,10 +14,10 @@
 
 #include <chrono>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/detail/grad_buckets.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::parallel::detail {
 
@@ -32,11 +32,6 @@ at::Tensor tree_sum(at::Tensor t) {
     t = t.select(1, 0) + t.select(1, 1);
   }
   return t.view({-1});
-}
-
-void record(const char* what, comm::StepKind kind, int64_t bytes, Clock::time_point t0) {
-  tensor::CommLog::instance().record(tensor::CommRecord{
-      what, kind, 0, bytes, 0.0, std::chrono::duration<double>(Clock::now() - t0).count()});
 }
 
 }  // namespace
@@ -102,9 +97,8 @@ void GradBuckets::det_reduce() {
       part = flat;
     } else {
       at::Tensor received = at::empty({n * counts[me]}, flat.options());
-      tensor::CommCause cause("deterministic");
+      comm::CommCause cause("deterministic");
       group->all_to_all_v(received, flat, counts, std::vector<int64_t>(n, counts[me]))->wait();
-      record("deterministic", comm::StepKind::kAllToAll, bytes_of(flat), t0);
       part = tree_sum(received.view({n, counts[me]}));
     }
     reduction->det_land(k, part, counts);
@@ -121,9 +115,8 @@ void GradBuckets::det_gather_parts(size_t k, const at::Tensor& part, const std::
   if (group->group_size() == 1) {
     b.flat.copy_(part);
   } else {
-    const auto t0 = Clock::now();
+    comm::CommCause cause("deterministic");
     group->all_gather_v(b.flat, part.contiguous(), counts)->wait();
-    record("deterministic", comm::StepKind::kAllGather, bytes_of(b.flat), t0);
   }
   for (int i : b.params) params[i].tensor.mutable_grad() = slice(params[i]);
 }

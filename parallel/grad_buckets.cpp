@@ -10,12 +10,10 @@
 #include <chrono>
 #include <map>
 
-#include "comm/cost_model.h"
+#include "comm/comm_log.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "tensor/comm_log.h"
-#include "tensor/settings.h"
 
 namespace dtrain::parallel::detail {
 
@@ -32,17 +30,6 @@ std::string describe(const char* kind, const std::string& name, const at::Tensor
 }
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
-double predicted_seconds(comm::StepKind kind, int64_t bytes, int n) {
-  if (n <= 1 || bytes == 0) return 0;
-  static const comm::CostModel model = [] {
-    const std::string profile = tensor::settings().comm_profile;
-    return profile.empty() ? comm::CostModel::defaults(1)
-                           : comm::CostModel::from_profile(comm::read_profile(profile), 1);
-  }();
-  const double k = n, b = static_cast<double>(bytes);
-  return model.seconds(kind, 0, kind == comm::StepKind::kAllReduce ? b * 2 * (k - 1) / k : b * (k - 1) / k);
-}
 
 void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Tensor>& tensors) {
   if (group->group_size() == 1 || tensors.empty()) return;
@@ -91,24 +78,42 @@ at::Tensor GradBuckets::slice(const Param& p) {
   return alias(b.flat, p.offset, p.sizes);
 }
 
-void GradBuckets::layout(const std::vector<int>& order) {
+std::vector<std::vector<int>> bucket_groups(const std::vector<int>& order,
+                                            const std::vector<BucketItem>& items, int64_t first_cap,
+                                            int64_t cap) {
   std::vector<std::vector<int>> groups;
-  int64_t cap = opts.first_bucket_bytes, bytes = 0;
+  int64_t limit = first_cap, bytes = 0;
   for (int i : order) {
-    const Param& p = params[i];
-    const int64_t b = bytes_of(p.tensor);
-    bool fresh = groups.empty() ||
-                 params[groups.back().front()].tensor.scalar_type() != p.tensor.scalar_type() ||
-                 bytes + b > cap;
+    const BucketItem& item = items[i];
+    const bool fresh =
+        groups.empty() || items[groups.back().front()].dtype != item.dtype || bytes + item.bytes > limit;
     if (fresh) {
-      if (!groups.empty()) cap = opts.bucket_bytes;
+      if (!groups.empty()) limit = cap;
       groups.emplace_back();
       bytes = 0;
     }
     groups.back().push_back(i);
-    bytes += b;
+    bytes += item.bytes;
   }
-  layout_groups(groups);
+  return groups;
+}
+
+int64_t GradBuckets::bucket_bytes(size_t k) const {
+  const Bucket& b = buckets[k];
+  return b.numel * static_cast<int64_t>(grad_options(params[b.params.front()]).dtype().itemsize());
+}
+
+int64_t GradBuckets::part_bytes(size_t k) const {
+  const Bucket& b = buckets[k];
+  const int64_t n = group->group_size();
+  return flat_cut(b.numel, n, opts.deterministic)[group->group_rank()] *
+         static_cast<int64_t>(grad_options(params[b.params.front()]).dtype().itemsize());
+}
+
+void GradBuckets::layout(const std::vector<int>& order) {
+  std::vector<BucketItem> items;
+  for (const Param& p : params) items.push_back({bytes_of(p.tensor), p.tensor.scalar_type()});
+  layout_groups(bucket_groups(order, items, opts.first_bucket_bytes, opts.bucket_bytes));
 }
 
 void GradBuckets::layout_reversed() {
@@ -244,6 +249,7 @@ void GradBuckets::launch_ready() {
         slots.zero_();
       }
     }
+    comm::CommCause cause(reduction->cause());  // the reduction goes into CommLog under the strategy's name
     b.work = reduction->launch(next_launch - 1, {fingerprint, first});
   }
   // A strategy that frees its buckets: a full bucket goes as soon as its reduction is done (checked in
@@ -265,15 +271,7 @@ void GradBuckets::launch_ready() {
 void GradBuckets::complete(size_t k) {
   Bucket& b = buckets[k];
   if (b.reduced) return;
-  {
-    tensor::CommCause cause(reduction->cause());
-    b.work->wait();
-    const comm::StepKind kind = reduction->kind();
-    tensor::CommLog::instance().record(
-        tensor::CommRecord{tensor::CommCause::current(), kind, 0, bytes_of(b.flat),
-                           predicted_seconds(kind, bytes_of(b.flat), group->group_size()),
-                           std::chrono::duration<double>(Clock::now() - b.launched).count()});
-  }
+  b.work->wait();
   b.reduced = true;
   b.work.reset();  // it holds the collective's buffers (Gloo's padded copy of the bucket)
   if (reduction->frees_buckets()) b.flat = at::Tensor();

@@ -62,6 +62,11 @@ class ParallelStrategy {
   // What it reports. A parameter's placement in words ("" when this strategy leaves it as it is).
   virtual std::string placement_of(const std::string& /*param*/) const { return ""; }
   virtual size_t bucket_count() const { return 0; }
+  // The collectives it issues in each optimizer step, as CommLog records them (strategy_report.h). A tensor-
+  // parallel block's collectives depend on the activations and on which tensors the module's forward reads
+  // (colwise modules reading one tensor share one all-reduce): they are in CommLog under the module's name,
+  // not here.
+  virtual std::vector<StepCollective> step_collectives() const { return {}; }
   // The model-state memory, from the strategy that holds the gradients (nullopt: another one does).
   virtual std::optional<ModelStateMemory> memory(const torch::optim::Optimizer&) const {
     return std::nullopt;

@@ -203,6 +203,14 @@ size_t Parallelized::bucket_count() const {
   return n;
 }
 
+std::vector<StepCollective> Parallelized::step_collectives() const {
+  std::vector<StepCollective> out;
+  for (const auto& s : strategies_) {
+    for (auto& c : s->step_collectives()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::unique_ptr<Parallelized> parallelize(torch::nn::Module& module, comm::BackendPtr world,
                                           const ParallelConfig& config, const OptimizerFactory& make) {
   return std::make_unique<Parallelized>(module, std::move(world), config, make);

@@ -67,6 +67,8 @@ class Parallelized {
   ModelStateMemory memory() const;
   torch::optim::Optimizer& optimizer();
   size_t bucket_count() const;
+  // Every strategy's collectives per optimizer step, in the composition's order (strategy_report.h).
+  std::vector<StepCollective> step_collectives() const;
   // The data-parallel strategy, for reduce_with_gradients and last_pass (null under ZeRO, and under tensor
   // parallel alone).
   DataParallel* data_parallel();

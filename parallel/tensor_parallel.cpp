@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "comm/comm_log.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -14,7 +15,6 @@
 #include "parallel/data_parallel.h"
 #include "parallel/detail/grad_buckets.h"
 #include "parallel/detail/tp.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::parallel {
 
@@ -88,13 +88,6 @@ std::vector<int64_t> split_lengths(int64_t length, int64_t n) {
   std::vector<int64_t> out;
   for (int64_t r = 0; r < n; ++r) out.push_back(balanced_part(length, n, r).count);
   return out;
-}
-
-void log_collective(const std::string& cause, comm::StepKind kind, int64_t bytes, int n, double seconds) {
-  // (the cost model counts an all-gather by its whole output)
-  const int64_t whole = kind == comm::StepKind::kAllGather ? bytes * n : bytes;
-  tensor::CommLog::instance().record(
-      tensor::CommRecord{cause, kind, 0, bytes, predicted_seconds(kind, whole, n), seconds});
 }
 
 }  // namespace detail
@@ -271,6 +264,16 @@ TensorParallel::~TensorParallel() {
   for (const auto& t : state_->registered) detail::unregister_role(t.unsafeGetTensorImpl());
 }
 
+std::vector<StepCollective> TensorParallel::step_collectives() const {
+  if (!plan_.sequence_parallel || group_->group_size() == 1) return {};
+  int64_t bytes = 0;
+  for (const auto& p : state_->whole) {
+    if (p.requires_grad()) bytes += p.numel() * p.element_size();
+  }
+  if (bytes == 0) return {};
+  return {{"tp sequence-parallel gradients", "all_reduce", 1, bytes, group_->group_size()}};
+}
+
 void TensorParallel::finish_gradients() {
   if (!plan_.sequence_parallel || group_->group_size() == 1) return;
   std::vector<at::Tensor> grads;
@@ -282,11 +285,10 @@ void TensorParallel::finish_gradients() {
   std::vector<at::Tensor> flat_parts;
   for (const auto& g : grads) flat_parts.push_back(g.reshape({-1}));
   at::Tensor flat = at::cat(flat_parts);
-  const auto t0 = std::chrono::steady_clock::now();
-  group_->all_reduce(flat)->wait();
-  detail::log_collective("tp sequence-parallel gradients", comm::StepKind::kAllReduce,
-                         flat.numel() * flat.element_size(), static_cast<int>(group_->group_size()),
-                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  {
+    comm::CommCause cause("tp sequence-parallel gradients");
+    group_->all_reduce(flat)->wait();
+  }
   int64_t off = 0;
   for (auto& g : grads) {
     g.copy_(flat.narrow(0, off, g.numel()).view(g.sizes()));

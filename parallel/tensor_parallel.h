@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "parallel/strategy_report.h"
 
 namespace dtrain::parallel {
 
@@ -87,6 +88,9 @@ class TensorParallel {
   // Sequence parallel: sums the gradients of the parameters left whole over the group (one all-reduce);
   // a no-op otherwise. Call after the last backward of a step, before the optimizer.
   void finish_gradients();
+  // What finish_gradients() issues per step (strategy_report.h): under sequence parallel one all-reduce of
+  // the whole parameters' gradients; nothing otherwise.
+  std::vector<StepCollective> step_collectives() const;
   const TensorParallelPlan& plan() const { return plan_; }
   const comm::BackendPtr& group() const { return group_; }
   // One line per sharded module: "h0.attn.q  colwise(unit 16)  weight [64, 64] -> [32, 64]".

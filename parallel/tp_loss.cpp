@@ -9,6 +9,7 @@
 
 #include <chrono>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dispatch/keys.h"
@@ -26,13 +27,10 @@ constexpr c10::DispatchKey kLP = dispatch::kLossParallelKey;
 at::Tensor all_reduce_copy(const at::Tensor& x, const comm::BackendPtr& group, const std::string& cause,
                            comm::ReduceOp op) {
   at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
-  const auto t0 = Clock::now();
   comm::AllReduceOptions o;
   o.op = op;
+  comm::CommCause in_log(cause);
   group->all_reduce(y, o)->wait();
-  log_collective(cause, comm::StepKind::kAllReduce, y.numel() * y.element_size(),
-                 static_cast<int>(group->group_size()),
-                 std::chrono::duration<double>(Clock::now() - t0).count());
   return y;
 }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 
 #include "comm/along_dim.h"
+#include "comm/comm_log.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -50,36 +51,28 @@ c10::IValue hold(const std::shared_ptr<TPGroup>& tp, std::string cause, int64_t 
 
 const Holder& held(const c10::IValue& v) { return *static_cast<const Holder*>(v.toCapsule().get()); }
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-int group_size(const Holder& h) { return static_cast<int>(h.group->group_size()); }
-
 at::Tensor all_reduce_copy(const at::Tensor& x, const Holder& h, comm::ReduceOp op = comm::ReduceOp::kSum) {
   at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
-  const auto t0 = Clock::now();
   comm::AllReduceOptions o;
   o.op = op;
+  comm::CommCause cause(h.cause);
   h.group->all_reduce(y, o)->wait();
-  log_collective(h.cause, comm::StepKind::kAllReduce, y.numel() * y.element_size(), group_size(h), since(t0));
   return y;
 }
 
 // Every rank's part along `dim` (lens[r] long), concatenated in rank order (comm/along_dim.h).
 at::Tensor gather_dim(const at::Tensor& x, const Holder& h) {
-  const auto t0 = Clock::now();
+  comm::CommCause cause(h.cause);
   at::Tensor out =
       comm::all_gather_along(h.group, x, h.dim, h.lens, str_cat("tensor parallel (", h.cause, ")"));
-  log_collective(h.cause, comm::StepKind::kAllGather, x.numel() * x.element_size(), group_size(h), since(t0));
   return out;
 }
 
 // This rank's part along `dim` of the sum over the ranks of `x` (whole along dim).
 at::Tensor reduce_scatter_dim(const at::Tensor& x, const Holder& h) {
-  const auto t0 = Clock::now();
-  at::Tensor out = comm::reduce_scatter_along(h.group, x, h.dim, h.lens, comm::ReduceOp::kSum,
-                                              str_cat("tensor parallel (", h.cause, ")"));
-  log_collective(h.cause, comm::StepKind::kReduceScatter, x.numel() * x.element_size(), group_size(h),
-                 since(t0));
-  return out;
+  comm::CommCause cause(h.cause);
+  return comm::reduce_scatter_along(h.group, x, h.dim, h.lens, comm::ReduceOp::kSum,
+                                    str_cat("tensor parallel (", h.cause, ")"));
 }
 
 // Megatron's f: identity forward; the input's gradient is the sum of every rank's part (all-reduce).

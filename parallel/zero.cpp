@@ -9,10 +9,10 @@
 #include <chrono>
 #include <mutex>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/detail/zero_state.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::parallel {
 
@@ -30,7 +30,7 @@ void ZeroState::reduced(size_t k) {
   if (engine.replicas() == 1) return;
   // hsdp: the shard summed over the shard groups
   Shard& z = shards[k];
-  z.replica_start = Clock::now();
+  comm::CommCause cause("hsdp");
   z.replica = engine.replicate->all_reduce(
       z.shard_grad, {comm::ReduceOp::kSum, {}, {engine.fingerprint ^ 0x5bd1e995ull, k == 0}});
 }
@@ -38,13 +38,8 @@ void ZeroState::reduced(size_t k) {
 void ZeroState::land() {
   if (engine.replicas() > 1) {
     for (auto& z : shards) {
-      tensor::CommCause cause("hsdp");
       z.replica->wait();
       z.replica.reset();
-      tensor::CommLog::instance().record(tensor::CommRecord{
-          tensor::CommCause::current(), comm::StepKind::kAllReduce, 0, bytes_of(z.shard_grad),
-          predicted_seconds(comm::StepKind::kAllReduce, bytes_of(z.shard_grad), engine.replicas()),
-          std::chrono::duration<double>(Clock::now() - z.replica_start).count()});
     }
   }
   // The reduced shard is the optimizer's gradient. Stage 1 keeps it in its place in the full bucket (the
@@ -180,6 +175,32 @@ ModelStateMemory Zero::memory() const {
   return m;
 }
 
+std::vector<StepCollective> Zero::step_collectives() const {
+  const detail::ZeroState& s = *state_;
+  const detail::GradBuckets& e = s.engine;
+  const int64_t n = e.group->group_size(), me = e.group->group_rank(),
+                nb = static_cast<int64_t>(e.buckets.size());
+  int64_t whole = 0, part = 0, shard_params = 0;
+  for (size_t k = 0; k < e.buckets.size(); ++k) {
+    whole += e.bucket_bytes(k);
+    part += e.part_bytes(k);
+    shard_params += s.shards[k].counts[me] * static_cast<int64_t>(s.shards[k].shard_param.element_size());
+  }
+  std::vector<StepCollective> out;
+  if (!e.opts.deterministic) {
+    out.push_back({"zero", "reduce_scatter", nb, whole, n});
+  } else if (n > 1) {
+    out.push_back({"deterministic", "all_to_all", nb, whole, n});
+  }
+  if (e.replicas() > 1) out.push_back({"hsdp", "all_reduce", nb, part, e.replicas()});
+  if (s.stage < 3) {
+    out.push_back({"zero", "all_gather", nb, shard_params, n});
+  } else {
+    out.push_back({"zero3", "all_gather", 2 * nb, 2 * shard_params, n, /*per_micro_batch=*/true});
+  }
+  return out;
+}
+
 std::vector<std::vector<std::string>> Zero::buckets() const { return state_->engine.bucket_names(); }
 
 std::vector<Zero::ShardSegment> Zero::shard_segments() const {
@@ -249,11 +270,10 @@ at::Tensor Zero::gradient_block_squares() const {
   int64_t total = 0;
   for (int64_t c : per_rank) total += c;
   at::Tensor all = at::empty({total}, at::kDouble);
-  const auto t0 = detail::Clock::now();
-  group->all_gather_v(all, local, per_rank)->wait();
-  tensor::CommLog::instance().record(
-      tensor::CommRecord{"clip_grad_norm", comm::StepKind::kAllGather, 0, total * 8, 0.0,
-                         std::chrono::duration<double>(detail::Clock::now() - t0).count()});
+  {
+    comm::CommCause cause("clip_grad_norm");
+    group->all_gather_v(all, local, per_rank)->wait();
+  }
   // rank-major as gathered; put in bucket-major order (the same at any world size)
   std::vector<at::Tensor> ordered;
   std::vector<int64_t> at_rank(n, 0);

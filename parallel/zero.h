@@ -91,6 +91,10 @@ class Zero {
   };
   std::vector<ShardSegment> shard_segments() const;
   PassTimeline last_pass() const;
+  // The collectives of each optimizer step (strategy_report.h): the buckets' reduce-scatters (deterministic
+  // mode: all-to-alls), hsdp's all-reduces over the replicas, and the parameters' all-gathers (stages 1 and
+  // 2: after the step; stage 3: each unit in forward and again in backward, per micro-batch).
+  std::vector<StepCollective> step_collectives() const;
   // Each bucket's shard sizes, per rank of the group.
   std::vector<std::vector<int64_t>> shard_counts() const;
   // This rank's shard of each bucket (the tensors the optimizer factory was given), in bucket order.

@@ -3,9 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/graph_task.h>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "parallel/detail/zero_state.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::parallel::detail {
 
@@ -103,7 +103,7 @@ void ZeroState::start_gather(int u, int phase) {
     z.run_started[phase] = true;
   }
   b.params_flat = at::empty({engine.buckets[u].numel}, b.shard_param.options().requires_grad(false));
-  b.gather_start = Clock::now();
+  comm::CommCause cause("zero3");
   b.gather = engine.group->all_gather_v(b.params_flat, b.shard_param.detach(), b.counts, {{}, run});
 }
 
@@ -115,13 +115,8 @@ void ZeroState::ensure_gathered(int u, int phase) {
 void ZeroState::finish_gather(int u) {
   Shard& b = shards[u];
   if (!b.gather) return;
-  tensor::CommCause cause("zero3");
   b.gather->wait();
   b.gather.reset();
-  tensor::CommLog::instance().record(tensor::CommRecord{
-      tensor::CommCause::current(), comm::StepKind::kAllGather, 0, bytes_of(b.shard_param),
-      predicted_seconds(comm::StepKind::kAllGather, bytes_of(b.params_flat), engine.group->group_size()),
-      std::chrono::duration<double>(Clock::now() - b.gather_start).count()});
 }
 
 void ZeroState::release_unit(int u) {

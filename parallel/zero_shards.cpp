@@ -8,11 +8,11 @@
 #include <map>
 #include <numeric>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dispatch/keys.h"
 #include "parallel/detail/zero_state.h"
-#include "tensor/comm_log.h"
 
 namespace dtrain::parallel::detail {
 
@@ -163,22 +163,13 @@ void ZeroState::gather_params() {
   uint64_t run = engine.fingerprint ^ 0x9e3779b97f4a7c15ull;
   std::vector<comm::WorkPtr> works;
   std::vector<at::Tensor> keep;
-  std::vector<int64_t> b_bytes;  // each bucket's whole size
-  Clock::time_point t0 = Clock::now();
+  comm::CommCause cause("zero");
   for (size_t k = 0; k < shards.size(); ++k) {
     Shard& z = shards[k];
     keep.push_back(z.shard_param.detach().clone());
-    b_bytes.push_back(bytes_of(z.params_flat));
     works.push_back(group->all_gather_v(z.params_flat, keep.back(), z.counts, {{}, {run | 2, k == 0}}));
   }
-  for (size_t k = 0; k < shards.size(); ++k) {
-    tensor::CommCause cause("zero");
-    works[k]->wait();
-    tensor::CommLog::instance().record(
-        tensor::CommRecord{tensor::CommCause::current(), comm::StepKind::kAllGather, 0, bytes_of(keep[k]),
-                           predicted_seconds(comm::StepKind::kAllGather, b_bytes[k], group->group_size()),
-                           std::chrono::duration<double>(Clock::now() - t0).count()});
-  }
+  for (auto& w : works) w->wait();
 }
 
 }  // namespace dtrain::parallel::detail

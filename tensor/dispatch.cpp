@@ -23,10 +23,10 @@
 #include <set>
 #include <unordered_map>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dispatch/router.h"
-#include "tensor/comm_log.h"
 #include "tensor/detail/decision_check.h"
 #include "tensor/detail/dispatch_util.h"
 #include "tensor/detail/dtensor_meta.h"
@@ -267,7 +267,7 @@ bool in_place_functionally(const c10::OperatorHandle& op, torch::jit::Stack* sta
 }
 
 void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const MeshPtr& mesh) {
-  CommCause cause(op);  // the collectives this op needs are logged under its name
+  comm::CommCause cause(op);  // the collectives this op needs are logged under its name
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;

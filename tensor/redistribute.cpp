@@ -13,10 +13,10 @@
 #include <optional>
 
 #include "comm/along_dim.h"
+#include "comm/comm_log.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "tensor/comm_log.h"
 #include "tensor/shard_math.h"
 
 namespace dtrain::tensor {
@@ -37,6 +37,7 @@ class Runner {
     std::vector<int64_t> block = local_chunk(global_shape, mesh_.shape(), without, mesh_.coordinate()).shape;
     if (k == 1) return x;  // every step on a size-1 axis is a relabelling
     const auto& group = mesh_.axis_group(a);
+    comm::CommCause cause(a, s.seconds);  // the step's collective goes into CommLog with its planned cost
     switch (s.kind) {
       case StepKind::kAllGather: {
         const int d = s.from.dim;
@@ -108,25 +109,10 @@ class Runner {
   }
 
  private:
-  // Notes the collective about to run; finish() logs it with its measured time once it returned.
+  // Notes the collective about to run for the caller's list (CommLog records it where it is issued).
   void record(const RedistributeStep& s, const at::Tensor& contributed) {
-    int64_t bytes = contributed.numel() * contributed.element_size();
-    if (issued_) issued_->push_back({s.kind, s.axis, bytes});
-    pending_ = CommRecord{CommCause::current(), s.kind, s.axis, bytes, s.seconds, 0};
-    started_ = std::chrono::steady_clock::now();
+    if (issued_) issued_->push_back({s.kind, s.axis, contributed.numel() * contributed.element_size()});
   }
-
- public:
-  void finish() {
-    if (!pending_) return;
-    pending_->measured_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    CommLog::instance().record(std::move(*pending_));
-    pending_.reset();
-  }
-
- private:
-  std::optional<CommRecord> pending_;
-  std::chrono::steady_clock::time_point started_;
 
   const mesh::DeviceMesh& mesh_;
   std::vector<IssuedCollective>* issued_;
@@ -155,7 +141,6 @@ at::Tensor run_redistribute(const at::Tensor& local, const mesh::DeviceMesh& mes
   at::Tensor x = widen ? local.to(at::kInt) : local;
   for (const auto& s : plan.steps) {
     x = runner.step(x, s, plan.problem.shape);
-    runner.finish();
   }
   return widen ? x.to(dtype) : x;
 }

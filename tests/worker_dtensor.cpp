@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <string>
 
+#include "comm/comm_log.h"
 #include "comm/cost_model.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
-#include "tensor/comm_log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/distribute_module.h"
 #include "tensor/redistribute.h"
@@ -242,7 +242,7 @@ void suite_dtensor(const comm::BackendPtr& world) {
   torch::optim::AdamW opt_dp(dp->parameters(), torch::optim::AdamWOptions(0.01));
   at::Tensor batch = (at::arange(35, at::kFloat).view({7, 5}) % 5 - 2) / 3;
   int64_t gathers_before_dp = tensor::detail::gather_count();
-  CommLog::instance().clear();
+  comm::CommLog::instance().clear();
   at::Tensor lp = torch::relu(ref->forward(batch)).sum();
   at::Tensor ld = torch::relu(dp->forward(distribute_tensor(batch, mesh, {Shard(0)}))).sum();
   lp.backward();
@@ -250,14 +250,14 @@ void suite_dtensor(const comm::BackendPtr& world) {
   // The step's communication so far: the two Partial parameter gradients are all-reduced when AdamW first
   // combines them with the Replicate parameters (before that, nothing moves: forward and backward run on the
   // batch rows).
-  CommTotals totals = CommLog::instance().totals();
+  comm::CommTotals totals = comm::CommLog::instance().totals();
   check_close("data parallel loss", full_tensor(ld), lp.detach());
   check_close("data parallel weight grad", full_tensor(dp->weight.grad()), ref->weight.grad());
   check_close("data parallel bias grad", full_tensor(dp->bias.grad()), ref->bias.grad());
-  CommLog::instance().clear();  // the checks above gathered for comparison
+  comm::CommLog::instance().clear();  // the checks above gathered for comparison
   opt_ref.step();
   opt_dp.step();
-  CommTotals after_step = CommLog::instance().totals();
+  comm::CommTotals after_step = comm::CommLog::instance().totals();
   // Forward and backward move nothing; the step all-reduces each Partial gradient exactly once (AdamW reads
   // it in three ops; the redistributed block is reused while the gradient is unchanged): 2 all_reduces, 15 +
   // 3 floats.
@@ -266,10 +266,10 @@ void suite_dtensor(const comm::BackendPtr& world) {
       (totals.collectives != 0 || after_step.by_kind["all_reduce"] != 2 || after_step.collectives != 2 ||
        after_step.bytes != static_cast<int64_t>(18 * sizeof(float)))) {
     g_failures += str_cat("FAIL data parallel comm: ", totals.collectives,
-                          " collectives before the step, then\n", CommLog::instance().summary());
+                          " collectives before the step, then\n", comm::CommLog::instance().summary());
   }
   if (ws > 1 && world->group_rank() == 0) {
-    std::fprintf(stderr, "data parallel step comm:\n%s", CommLog::instance().summary().c_str());
+    std::fprintf(stderr, "data parallel step comm:\n%s", comm::CommLog::instance().summary().c_str());
   }
   check_close("data parallel weight after AdamW", full_tensor(dp->weight.detach()), ref->weight.detach());
   check_close("data parallel bias after AdamW", full_tensor(dp->bias.detach()), ref->bias.detach());

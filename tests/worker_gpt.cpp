@@ -6,15 +6,15 @@
 #include <cstdio>
 #include <string>
 
+#include "apps/dtrain/gpt/train_gpt.h"
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "models/gpt.h"
-#include "tensor/comm_log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/distribute_module.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
-#include "apps/dtrain/gpt/train_gpt.h"
 
 namespace dtrain::test {
 
@@ -53,7 +53,7 @@ void check_layout(const comm::BackendPtr& world, const Layout& layout, const mod
   torch::optim::AdamW opt_ref(ref->parameters(), adamw);
   torch::optim::AdamW opt_dist(dist->parameters(), adamw);
   int64_t gathers = detail::gather_count();
-  CommLog::instance().clear();
+  comm::CommLog::instance().clear();
   at::Tensor loss_ref = ref->loss(idx, targets);
   at::Tensor loss_dist =
       dist->loss(distribute_tensor(idx, mesh, data), distribute_tensor(targets, mesh, data));
@@ -62,7 +62,7 @@ void check_layout(const comm::BackendPtr& world, const Layout& layout, const mod
   opt_ref.step();
   opt_dist.step();
   int64_t fell_back = detail::gather_count() - gathers;
-  std::string summary = CommLog::instance().summary();
+  std::string summary = comm::CommLog::instance().summary();
   std::string what = str_cat("GPT ", layout.name, " on ", mesh->to_string(), " batch ", batch);
   check_close(what + " loss", full_tensor(loss_dist.detach()), loss_ref.detach(), 1e-5);
   auto pr = ref->named_parameters(), pd = dist->named_parameters();

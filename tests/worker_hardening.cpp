@@ -9,9 +9,9 @@
 #include <functional>
 #include <string>
 
+#include "comm/comm_log.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
-#include "tensor/comm_log.h"
 #include "tensor/detail/dtensor_meta.h"
 #include "tensor/random.h"
 #include "tensor/redistribute.h"
@@ -299,16 +299,16 @@ void check_memory(const comm::BackendPtr& world, const MeshPtr& m) {
                 });
   // CommLog keeps the last records only, and counts every collective.
   if (world->group_size() > 1) {
-    CommLog& log = CommLog::instance();
+    comm::CommLog& log = comm::CommLog::instance();
     log.clear();
     log.set_capacity(4);
     for (int i = 0; i < 10; ++i) full_tensor(dtensor_of(x, m, {Shard(0)}));
     ++g_checks;
     if (log.records().size() != 4 || log.totals().collectives != 10 || log.dropped() != 6) {
-      g_failures += str_cat("FAIL CommLog bound: ", log.records().size(), " records kept, ",
+      g_failures += str_cat("FAIL comm::CommLog bound: ", log.records().size(), " records kept, ",
                             log.totals().collectives, " counted, ", log.dropped(), " dropped\n");
     }
-    log.set_capacity(CommLog::kDefaultCapacity);
+    log.set_capacity(comm::CommLog::kDefaultCapacity);
     log.clear();
   }
 }

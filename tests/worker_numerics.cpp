@@ -10,6 +10,7 @@
 #include <string>
 
 #include "apps/dtrain/gpt/train_gpt.h"
+#include "comm/comm_log.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "models/gpt.h"
@@ -18,32 +19,13 @@
 #include "parallel/activation_checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
-#include "tensor/comm_log.h"
+#include "tests/parity_loop.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
 
 namespace dtrain::test {
 
 namespace {
-
-// This rank's part of the whole parameter `whole` named `name` under `par` (itself without tensor parallel).
-at::Tensor part_of(parallel::Parallelized& par, const std::string& name, const at::Tensor& whole) {
-  if (auto* tpl = par.tensor_parallel()) {
-    const auto p = tpl->part_of(name);
-    if (p.count >= 0) return whole.narrow(p.dim, p.start, p.count);
-  }
-  return whole;
-}
-
-// Every parameter of `gpt` (laid out by `par`) within relative `tol` of its part of `ref`'s.
-void check_final_parameters(const std::string& tag, models::GPT& ref, models::GPT& gpt,
-                            parallel::Parallelized& par, double tol) {
-  auto have = gpt->named_parameters();
-  for (const auto& item : ref->named_parameters()) {
-    check_relative(str_cat(tag, "final ", item.key()), have[item.key()].detach().clone(),
-                   part_of(par, item.key(), item.value().detach()), tol);
-  }
-}
 
 models::GPTConfig clip_gpt() {
   models::GPTConfig c;
@@ -94,11 +76,11 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
     at::Tensor rows = w.narrow(0, mine.start, mine.count);
     at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
     (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B))).backward();
-    tensor::CommLog::instance().clear();
+    comm::CommLog::instance().clear();
     const double norm = optim::clip_grad_norm(*par, max_norm);
-    auto c = tensor::CommLog::instance().totals();
+    auto c = comm::CommLog::instance().totals();
     int64_t clip_bytes = 0;
-    for (const auto& r : tensor::CommLog::instance().records()) {
+    for (const auto& r : comm::CommLog::instance().records()) {
       if (r.cause == "clip_grad_norm") clip_bytes += r.bytes;
     }
     // (under sequence parallel the step's whole-parameter gradients are summed first, once)
@@ -227,11 +209,11 @@ void check_cell(const comm::BackendPtr& world, const Cell& cell) {
       check_true(str_cat(tag, "step ", step, ": gradients reduced in ", c10::toString(got)),
                  got == (cell.reduce_fp32 ? at::kFloat : dt));
     }
-    tensor::CommLog::instance().clear();
+    comm::CommLog::instance().clear();
     const bool ok = mp.unscale(*par);
     check_true(str_cat(tag, "step ", step, ": the overflow check is one all-reduce or none (got ",
-                       tensor::CommLog::instance().totals().collectives, ")"),
-               tensor::CommLog::instance().totals().collectives == (fp32 ? 0 : 1));
+                       comm::CommLog::instance().totals().collectives, ")"),
+               comm::CommLog::instance().totals().collectives == (fp32 ? 0 : 1));
     check_true(
         str_cat(tag, "step ", step, (step == cell.inf_step ? ": skipped" : ": taken"), " on every rank"),
         ok == (step != cell.inf_step));
@@ -413,33 +395,28 @@ void check_checkpointing(const comm::BackendPtr& world, const std::string& strat
   pc.activation_checkpointing = {"h*"};  // every block
   if (tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, false);
   auto par = parallel::parallelize(*gpt, world, pc, parity_adamw);
-  for (int64_t step = 1; step <= 6; ++step) {
-    double ref_loss = 0, share = 0;
-    ref_opt->zero_grad();
-    par->zero_grad();
-    const int64_t before = parallel::activation_recomputations();
-    for (int64_t k = 0; k < acc; ++k) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + k);
-      at::Tensor w = at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
-      at::Tensor l = ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
-      (l / static_cast<double>(acc)).backward();
-      ref_loss += l.item<double>() / static_cast<double>(acc);
-      par->set_requires_gradient_sync(k == acc - 1);
-      const Range mine = balanced_part(B, ndp, dp_rank);
-      at::Tensor rows = w.narrow(0, mine.start, mine.count);
-      at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
-      (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B * acc))).backward();
-      share += loss.item<double>() * static_cast<double>(mine.count) / static_cast<double>(B * acc * tp);
-    }
+  ParityLoop loop;
+  loop.tag = tag;
+  loop.steps = 6;
+  loop.accumulation = acc;
+  loop.dp_size = ndp;
+  loop.dp_rank = dp_rank;
+  loop.tp = tp;
+  loop.loss_tol = 1e-9;
+  loop.micro_batch = [&](int64_t step, int64_t k) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + k);
+    return at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
+  };
+  int64_t before = 0;
+  loop.before_micro = [&](int64_t, int64_t k) {
+    if (k == 0) before = parallel::activation_recomputations();
+  };
+  loop.before_step = [&](int64_t step) {
     check_true(str_cat(tag, "step ", step, ": each block recomputed once per micro-batch (",
                        parallel::activation_recomputations() - before, " recomputations)"),
                parallel::activation_recomputations() - before == cfg.n_layer * acc);
-    ref_opt->step();
-    par->step();
-    at::Tensor l = at::full({1}, share, at::kDouble);
-    world->all_reduce(l)->wait();
-    check_relative(str_cat(tag, "step ", step, " loss"), l, at::full({1}, ref_loss, at::kDouble), 1e-9);
-  }
+  };
+  run_parity(world, ref, *ref_opt, gpt, side_of(*par), loop);
   check_final_parameters(tag, ref, gpt, *par, 1e-9);
 }
 

@@ -23,6 +23,9 @@ void suite_data_parallel(const comm::BackendPtr& world);
 // reduce-scatters of backward and the all-gathers of the step, the memory report.
 void suite_zero(const comm::BackendPtr& world);
 void suite_hsdp(const comm::BackendPtr& world);
+// ZeRO-3's memory from the allocator (tests/worker_memory.cpp): built on the meta device, and its training
+// peak.
+void check_zero_memory(const comm::BackendPtr& world);
 // Tensor parallel over the whole world (tests/worker_tp.cpp): models::GPT with and without sequence
 // parallel at accumulation 1 and 4, 20 steps equal to one process, the collectives of each block; a module
 // written in the test under a plan of its own; the plan's errors.

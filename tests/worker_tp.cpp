@@ -9,12 +9,13 @@
 #include <string>
 
 #include "apps/dtrain/gpt/train_gpt.h"
+#include "comm/comm_log.h"
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "models/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
-#include "tensor/comm_log.h"
+#include "tests/parity_loop.h"
 #include "tests/worker_checks.h"
 #include "tests/worker_suites.h"
 
@@ -48,11 +49,6 @@ models::GPTConfig tp_gpt(int64_t tp) {
   return c;
 }
 
-at::Tensor windows(int64_t rows, const models::GPTConfig& c, int64_t step) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(2000 + step);
-  return at::randint(c.vocab_size, {rows, c.block_size + 1}, gen, at::kLong);
-}
-
 // This rank's part of the whole tensor `whole` as the layout keeps it for parameter `name`.
 at::Tensor part(parallel::Parallelized& par, const std::string& name, const at::Tensor& whole) {
   const auto p = par.tensor_parallel()->part_of(name);
@@ -71,8 +67,8 @@ int64_t count_prefix(const std::map<std::string, int64_t>& by_cause, const std::
 // (or under sequence parallel one all-gather and one reduce-scatter); the vocabulary-parallel embedding and
 // head as many; the loss-parallel cross entropy two all-reduces in forward.
 void check_pass_comm(const std::string& tag, const models::GPTConfig& cfg, bool sp, bool forward) {
-  const auto c = tensor::CommLog::instance().totals();
-  const auto records = tensor::CommLog::instance().records();
+  const auto c = comm::CommLog::instance().totals();
+  const auto records = comm::CommLog::instance().records();
   auto kinds_of = [&](const std::string& prefix) {
     std::map<std::string, int64_t> k;
     for (const auto& r : records) {
@@ -114,7 +110,7 @@ void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64
   const std::string tag =
       str_cat(strategy, " x tp ", tp, sp ? " + sequence parallel" : "", " accumulation ", acc, ": ");
   const models::GPTConfig cfg = tp_gpt(tp);
-  const int64_t B = 8, T = cfg.block_size, steps = 20;
+  const int64_t B = 8, steps = 20;
   const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
   auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
   const auto adamw = parity_adamw;
@@ -124,42 +120,35 @@ void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64
   pc.tp = tp;
   pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, sp);
   auto par = parallel::parallelize(*gpt, world, pc, adamw);
-  for (int64_t step = 1; step <= steps; ++step) {
-    at::Tensor w = windows(B, cfg, step);
-    ref_opt->zero_grad();
-    at::Tensor ref_loss = ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous());
-    ref_loss.backward();
-    ref_opt->step();
-
-    par->zero_grad();
-    double share = 0;
-    for (int64_t k = 0; k < acc; ++k) {
-      Range micro = balanced_part(B, acc, k);
-      Range mine = balanced_part(micro.count, ndp, dp_rank);
-      at::Tensor rows = w.narrow(0, micro.start + mine.start, mine.count);
-      par->set_requires_gradient_sync(k == acc - 1);
-      tensor::CommLog::instance().clear();
-      at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
-      const bool count_comm = strategy == "dp" && ndp == 1 && step >= 2;
-      if (count_comm) check_pass_comm(str_cat(tag, "step ", step, " "), cfg, sp, true);
-      tensor::CommLog::instance().clear();
-      const double weight = static_cast<double>(mine.count) / static_cast<double>(B);
-      (loss * (weight * static_cast<double>(ndp))).backward();
-      if (count_comm) check_pass_comm(str_cat(tag, "step ", step, " "), cfg, sp, false);
-      share += loss.item<double>() * weight;
-    }
-    tensor::CommLog::instance().clear();
-    par->step();
-    if (strategy == "dp" && ndp == 1) {
-      const auto c = tensor::CommLog::instance().totals();
-      check_true(str_cat(tag, "step ", step, ": the optimizer step issues ", sp ? 1 : 0,
-                         " collectives (the sequence-parallel gradients; got ", c.collectives, ")"),
-                 c.collectives == (sp ? 1 : 0));
-    }
-    at::Tensor l = at::full({1}, share / static_cast<double>(tp), at::kDouble);
-    world->all_reduce(l)->wait();
-    check_relative(str_cat(tag, "step ", step, " loss"), l, ref_loss.detach().view({1}), 1e-5);
-  }
+  const bool count_comm = strategy == "dp" && ndp == 1;
+  ParityLoop loop;
+  loop.tag = tag;
+  loop.steps = steps;
+  loop.accumulation = acc;
+  loop.dp_size = ndp;
+  loop.dp_rank = dp_rank;
+  loop.tp = tp;
+  loop.micro_batch = [&](int64_t step, int64_t k) {
+    const Range micro = balanced_part(B, acc, k);
+    return token_windows(B, cfg, 2000 + step).narrow(0, micro.start, micro.count);
+  };
+  loop.before_micro = [&](int64_t, int64_t) { comm::CommLog::instance().clear(); };
+  loop.after_forward = [&](int64_t step, int64_t) {
+    if (count_comm && step >= 2) check_pass_comm(str_cat(tag, "step ", step, " "), cfg, sp, true);
+    comm::CommLog::instance().clear();
+  };
+  loop.after_backward = [&](int64_t step, int64_t) {
+    if (count_comm && step >= 2) check_pass_comm(str_cat(tag, "step ", step, " "), cfg, sp, false);
+  };
+  loop.before_step = [&](int64_t) { comm::CommLog::instance().clear(); };
+  loop.after_step = [&](int64_t step) {
+    if (!count_comm) return;
+    const auto c = comm::CommLog::instance().totals();
+    check_true(str_cat(tag, "step ", step, ": the optimizer step issues ", sp ? 1 : 0,
+                       " collectives (the sequence-parallel gradients; got ", c.collectives, ")"),
+               c.collectives == (sp ? 1 : 0));
+  };
+  run_parity(world, ref, *ref_opt, gpt, side_of(*par), loop);
   auto mine = gpt->named_parameters();
   for (const auto& item : ref->named_parameters()) {
     at::Tensor have = mine[item.key()].detach().clone();  // (ZeRO-3: gathers this rank's tp part)
@@ -232,10 +221,10 @@ void check_user_module(const comm::BackendPtr& world) {
     rl.backward();
     ref_opt->step();
     par->zero_grad();
-    tensor::CommLog::instance().clear();
+    comm::CommLog::instance().clear();
     at::Tensor l = (mine(x) - y).pow(2).mean();
     l.backward();
-    auto c = tensor::CommLog::instance().totals();
+    auto c = comm::CommLog::instance().totals();
     // forward: o's and down's sums; backward: up's input gradient (x itself needs none)
     check_true(str_cat("user module step ", step, ": 2 all-reduces forward and 1 backward (got ",
                        c.collectives, " collectives, ", c.by_kind["all_reduce"], " all_reduce)"),

@@ -19,6 +19,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/training_state.h"
+#include "comm/comm_log.h"
 #include "comm/gather_text.h"
 #include "comm/timeline.h"
 #include "core/balanced_split.h"
@@ -28,7 +29,6 @@
 #include "optim/mixed_precision.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallelize.h"
-#include "tensor/comm_log.h"
 #include "train/detail/trainer_log.h"
 #include "train/schedule.h"
 
@@ -460,7 +460,7 @@ void Trainer::fit() {
     }
     for (int64_t step = first_step_; step <= o_.steps; ++step) {
       fault_point("step", step);
-      tensor::CommLog::instance().clear();  // the log then holds one step
+      comm::CommLog::instance().clear();  // the log then holds one step
       bool want = log.wants(step);
       for (auto& cb : callbacks_) want = cb->wants_loss(step) || want;
       StepInfo info;
@@ -470,7 +470,7 @@ void Trainer::fit() {
         run_step(step, info, want, log);
       }
       info.seconds = log.seconds();
-      if (step == o_.steps) last_step_comm_ = tensor::CommLog::instance().summary();
+      if (step == o_.steps) last_step_comm_ = comm::CommLog::instance().summary();
       if (want) {
         if (step == first_step_) first_loss_ = info.loss;
         last_loss_ = info.loss;

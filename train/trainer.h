@@ -191,7 +191,7 @@ class Trainer {
   // The global loss of the first and last step fit() ran (0 before).
   double first_loss() const { return first_loss_; }
   double last_loss() const { return last_loss_; }
-  // Communication of the last step fit() ran, by the op that caused it (tensor::CommLog's summary).
+  // Communication of the last step fit() ran, by the op that caused it (comm::CommLog's summary).
   const std::string& last_step_comm() const { return last_step_comm_; }
   // The caller's part of each checkpoint's meta (e.g. a sampler's position); the trainer adds seed and batch.
   nlohmann::json checkpoint_meta;

@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "comm/cost_model.h"
 #include "parallel/grad_reduction_options.h"
 #include "parallel/meta_device.h"
 #include "parallel/strategy_report.h"
@@ -40,10 +39,6 @@ uint64_t fnv1a(const std::string& s);
 // "parameter 'fc.weight' Float [4, 3]"
 std::string describe(const char* kind, const std::string& name, const at::Tensor& t);
 int64_t bytes_of(const at::Tensor& t);
-// The cost model's time for a bucket collective over `n` ranks, `bytes` being the whole bucket, counted in
-// bus bytes as the DTensor planner counts them; from DTRAIN_COMM_PROFILE when set, else the built-in
-// defaults. For CommLog's "predicted" beside the measured time.
-double predicted_seconds(comm::StepKind kind, int64_t bytes, int n);
 // Group rank 0's values of `tensors`, broadcast in one flat buffer per dtype.
 void broadcast_coalesced(const comm::BackendPtr& group, const std::vector<at::Tensor>& tensors);
 // A plain tensor (not an autograd view) of `sizes` on `flat`'s storage from element `offset`: it can be a
@@ -58,13 +53,24 @@ inline constexpr int64_t kDetBlock = 1024;
 // mode in whole kDetBlock blocks.
 std::vector<int64_t> flat_cut(int64_t numel, int64_t n, bool deterministic);
 
+// A parameter as the bucket layout sees it.
+struct BucketItem {
+  int64_t bytes;
+  at::ScalarType dtype;
+};
+// How parameters fill buckets, visiting `order` (indices into `items`): a new bucket when the dtype changes
+// or the bucket would pass its cap, `first_cap` for the first bucket and `cap` after; a parameter larger than
+// a cap gets a bucket of its own. Every index lands in exactly one bucket, in `order`'s order.
+std::vector<std::vector<int>> bucket_groups(const std::vector<int>& order,
+                                            const std::vector<BucketItem>& items, int64_t first_cap,
+                                            int64_t cap);
+
 // What a strategy does with the buckets. Called with the engine's lock held.
 class BucketReduction {
  public:
   virtual ~BucketReduction() = default;
-  // CommLog's cause and kind of the bucket reductions.
+  // CommLog's cause of the bucket reductions (comm/comm_log.h: the Backend records them as they are issued).
   virtual const char* cause() const = 0;
-  virtual comm::StepKind kind() const = 0;
   // Whether a parameter's own .grad is dropped once its gradient is in the bucket.
   virtual bool drops_param_grads() const = 0;
   // Whether a full bucket lives only while a backward needs it: made by the first gradient, let go once
@@ -143,6 +149,9 @@ struct GradBuckets {
   void remove_hooks();
 
   int64_t replicas() const { return replicate ? replicate->group_size() : 1; }
+  // Bytes of bucket k's gradients (in the reduction dtype) and of this rank's part of them (flat_cut).
+  int64_t bucket_bytes(size_t k) const;
+  int64_t part_bytes(size_t k) const;
 
   // Options of param p's gradient buckets: its own, in opts.reduce_dtype if set.
   at::TensorOptions grad_options(const Param& p) const {

@@ -21,6 +21,7 @@ class TensorParallelStrategy : public ParallelStrategy {
       : tp(module, std::move(group), plan) {}
   std::string name() const override { return "tensor parallel"; }
   void finish_gradients() override { tp.finish_gradients(); }
+  std::vector<StepCollective> step_collectives() const override { return tp.step_collectives(); }
   std::string placement_of(const std::string& param) const override;
   TensorParallel tp;
 };
@@ -66,6 +67,7 @@ class DataParallelStrategy : public ModuleOptimizerStrategy {
   std::string name() const override { return "data parallel"; }
   void set_requires_gradient_sync(bool sync) override { dp.set_requires_gradient_sync(sync); }
   size_t bucket_count() const override { return dp.buckets().size(); }
+  std::vector<StepCollective> step_collectives() const override { return dp.step_collectives(); }
   std::optional<ModelStateMemory> memory(const torch::optim::Optimizer& o) const override {
     return dp.memory(&o);
   }
@@ -82,6 +84,7 @@ class ZeroStrategy : public ParallelStrategy {
   void after_optimizer() override { zero.shards_changed(); }
   std::string placement_of(const std::string& param) const override;
   size_t bucket_count() const override { return zero.buckets().size(); }
+  std::vector<StepCollective> step_collectives() const override { return zero.step_collectives(); }
   std::optional<ModelStateMemory> memory(const torch::optim::Optimizer&) const override {
     return zero.memory();
   }

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "comm/backend.h"
-#include "comm/cost_model.h"
 #include "parallel/tensor_parallel.h"
 
 namespace dtrain::parallel::detail {
@@ -77,7 +76,5 @@ inline void finish(torch::jit::Stack* s, size_t n, at::Tensor out) {
 
 // Parts of a length split over the group: balanced (core/balanced_split.h).
 std::vector<int64_t> split_lengths(int64_t length, int64_t n);
-// A collective the tensor-parallel styles issued, in CommLog under `cause` (the module's name).
-void log_collective(const std::string& cause, comm::StepKind kind, int64_t bytes, int n, double seconds);
 
 }  // namespace dtrain::parallel::detail

@@ -30,9 +30,7 @@ struct ZeroState final : BucketReduction {
     int64_t start = 0;
     at::Tensor shard_grad, shard_param;
     comm::WorkPtr gather;
-    Clock::time_point gather_start;
     comm::WorkPtr replica;  // hsdp: the reduced shard's all-reduce over the replicas
-    Clock::time_point replica_start;
   };
 
   int stage = 1;
@@ -41,7 +39,6 @@ struct ZeroState final : BucketReduction {
 
   // BucketReduction (zero.cpp)
   const char* cause() const override { return "zero"; }
-  comm::StepKind kind() const override { return comm::StepKind::kReduceScatter; }
   bool drops_param_grads() const override { return true; }
   bool frees_buckets() const override { return stage >= 2; }
   comm::WorkPtr launch(size_t k, comm::AgreementRun run) override;

@@ -1,13 +1,21 @@
 // CommLog and CommCause; see comm_log.h.
-#include "tensor/comm_log.h"
+#include "comm/comm_log.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdio>
+#include <cstdlib>
 
-namespace dtrain::tensor {
+namespace dtrain::comm {
 
 namespace {
-thread_local std::string t_cause = "redistribute";
+
+thread_local bool t_active = false;
+thread_local std::string t_cause;
 thread_local const c10::OperatorHandle* t_cause_op = nullptr;  // when set, the cause (over t_cause)
+thread_local int t_axis = 0;
+thread_local std::optional<double> t_predicted;
+
 }  // namespace
 
 CommLog& CommLog::instance() {
@@ -80,22 +88,72 @@ void CommLog::clear() {
   dropped_ = 0;
 }
 
-CommCause::CommCause(std::string op)
-    : previous_(std::move(t_cause)), previous_op_(t_cause_op), by_op_(false) {
-  t_cause = std::move(op);
+CommCause::CommCause(std::string cause)
+    : previous_{t_active, std::move(t_cause), t_cause_op, t_axis, t_predicted} {
+  t_active = true;
+  t_cause = std::move(cause);
   t_cause_op = nullptr;
+  t_axis = 0;
+  t_predicted.reset();
 }
-CommCause::CommCause(const c10::OperatorHandle& op) : previous_op_(t_cause_op), by_op_(true) {
+
+CommCause::CommCause(const c10::OperatorHandle& op)
+    : previous_{t_active, std::move(t_cause), t_cause_op, t_axis,
+                t_predicted} {  // (t_cause unused under an op)
+  t_active = true;
   t_cause_op = &op;
+  t_axis = 0;
+  t_predicted.reset();
 }
+
+CommCause::CommCause(int axis, double predicted_s)
+    : previous_{t_active, t_cause, t_cause_op, t_axis, t_predicted} {
+  if (!t_active) {
+    t_cause = "redistribute";
+    t_cause_op = nullptr;
+  }
+  t_active = true;
+  t_axis = axis;
+  t_predicted = predicted_s;
+}
+
 CommCause::~CommCause() {
-  t_cause_op = previous_op_;
-  if (!by_op_) t_cause = std::move(previous_);
+  t_active = previous_.active;
+  t_cause = std::move(previous_.cause);
+  t_cause_op = previous_.op;
+  t_axis = previous_.axis;
+  t_predicted = previous_.predicted;
 }
+
+bool CommCause::active() { return t_active; }
+
+NotLogged::NotLogged() : previous_(t_active) { t_active = false; }
+
+NotLogged::~NotLogged() { t_active = previous_; }
+
 std::string CommCause::current() {
+  if (!t_active) return "";
   if (t_cause_op == nullptr) return t_cause;
   const auto& n = t_cause_op->schema().operator_name();
   return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
 }
 
-}  // namespace dtrain::tensor
+int CommCause::axis() { return t_axis; }
+
+std::optional<double> CommCause::predicted() { return t_predicted; }
+
+double predicted_collective_seconds(StepKind kind, int64_t bytes, int group_size) {
+  if (group_size <= 1 || bytes == 0) return 0;
+  static const CostModel model = [] {
+    const char* profile = std::getenv("DTRAIN_COMM_PROFILE");
+    return profile == nullptr || *profile == '\0' ? CostModel::defaults(1)
+                                                  : CostModel::from_profile(read_profile(profile), 1);
+  }();
+  const double n = group_size, b = static_cast<double>(bytes);
+  double bus = b * (n - 1) / n;  // reduce_scatter (b: the whole input), all_to_all
+  if (kind == StepKind::kAllReduce) bus = b * 2 * (n - 1) / n;
+  if (kind == StepKind::kAllGather) bus = b * (n - 1);  // (b: this rank's part of the whole output)
+  return model.seconds(kind, 0, bus);
+}
+
+}  // namespace dtrain::comm
