@@ -5,7 +5,8 @@
 # Each round runs the peer once and both dtrain builds, the builds' order alternating round by round, so that
 # before and after are measured in one sitting. Prints each pair's ratio to its peer before and after (median
 # over the rounds, and each round's), and after/before. BEFORE: the `dtrain` binary of the earlier build.
-#   BEFORE=/tmp/before/bin/dtrain bash bench/before_after_peers.sh [OUT_DIR]     (ROUNDS=3 STEPS=60 by default)
+#   BEFORE=/tmp/before/bin/dtrain bash bench/before_after_peers.sh [OUT_DIR]     (ROUNDS=3 STEPS=60 by default;
+#   SIZES="small medium" and PAIRS="dp zero1 zero3 tp" select a part)
 set -u
 cd "$(dirname "$0")/.."
 before=${BEFORE:?set BEFORE to the dtrain binary of the earlier build}
@@ -24,8 +25,8 @@ run_dtrain() {  # side binary size pair round
     --log-every 100000 --metrics "$out/$1-$3-$4-$5.jsonl" > "$out/$1-$3-$4-$5.log" 2>&1
 }
 for r in $(seq "$rounds"); do
-  for s in small medium; do
-    for p in dp zero1 zero3 tp; do
+  for s in ${SIZES:-small medium}; do
+    for p in ${PAIRS:-dp zero1 zero3 tp}; do
       # shellcheck disable=SC2086
       "$after" run -n 2 --backend gloo -- .venv/bin/python bench/gpt_ddp.py ${size[$s]} \
         ${peer_flags[$p]} --steps "$steps" --metrics "$out/peer-$s-$p-$r.jsonl" > "$out/peer-$s-$p-$r.log" 2>&1
@@ -60,8 +61,7 @@ for pair in ['dp', 'zero1', 'zero3', 'tp']:
                 if peer and mine:
                     ratios[side].append(mine / peer)
         if not ratios['before'] or not ratios['after']:
-            print(f'| {names[pair]} | {size} | (missing runs) | | |')
-            continue
+            continue  # (not selected, or a run failed: see its .log)
         b, a = statistics.median(ratios['before']), statistics.median(ratios['after'])
         fmt = lambda xs: ', '.join(f'{x:.2f}' for x in xs)
         print(f'| {names[pair]} | {size} | {b:.2f} ({fmt(ratios["before"])}) | {a:.2f} ({fmt(ratios["after"])}) | {a / b:.2f} |')

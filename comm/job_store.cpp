@@ -24,7 +24,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/random.h"
+#include "core/secure_random.h"
 
 namespace dtrain::comm {
 

@@ -34,7 +34,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
-#include "core/random.h"
+#include "core/secure_random.h"
 #include "launch/detail/line_relay.h"
 #include "launch/detail/rank_process.h"
 #include "launch/detail/store_watch.h"

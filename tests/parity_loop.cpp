@@ -34,6 +34,7 @@ void run_parity(const comm::BackendPtr& world, models::GPT& ref, torch::optim::O
       (l * weight).backward();
       ref_loss += l.item<double>() * weight;
     }
+    if (loop.reference_before_step) loop.reference_before_step(step);
     ref_opt.step();
 
     // The parallel side: this rank's rows of each micro-batch; the strategy averages the gradients over the

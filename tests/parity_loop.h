@@ -37,6 +37,8 @@ struct ParityLoop {
   // Optional hooks for each suite's own checks (communication, recomputations, memory).
   std::function<void(int64_t step, int64_t k)> before_micro, after_forward, after_backward;
   std::function<void(int64_t step)> before_step, after_step;
+  // The reference's own, between its backward and its optimizer step (e.g. clipping with libtorch).
+  std::function<void(int64_t step)> reference_before_step;
 };
 
 // Runs `loop`: per step, the reference's AdamW step on every row (each micro-batch's loss weighted by its

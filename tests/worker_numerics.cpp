@@ -57,25 +57,26 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
   pc.shard_size = shard_size;
   if (tp > 1) pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, sp);
   auto par = parallel::parallelize(*gpt, world, pc, adamw);
-  double max_norm = 0;
-  for (int64_t step = 1; step <= 5; ++step) {
+  double max_norm = 0, ref_norm = 0;
+  ParityLoop loop;
+  loop.tag = tag;
+  loop.steps = 5;
+  loop.dp_size = ndp;
+  loop.dp_rank = dp_rank;
+  loop.tp = tp;
+  loop.micro_batch = [&](int64_t step, int64_t) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(900 + step);
-    at::Tensor w = at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
-    ref_opt->zero_grad();
-    ref->loss(w.narrow(1, 0, T).contiguous(), w.narrow(1, 1, T).contiguous()).backward();
+    return at::randint(cfg.vocab_size, {B, T + 1}, gen, at::kLong);
+  };
+  loop.reference_before_step = [&](int64_t step) {
     if (step == 1) {
       double sq = 0;
       for (const auto& p : ref->parameters()) sq += p.grad().pow(2).sum().item<double>();
       max_norm = 0.5 * std::sqrt(sq);
     }
-    const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm);
-    ref_opt->step();
-
-    par->zero_grad();
-    Range mine = balanced_part(B, ndp, dp_rank);
-    at::Tensor rows = w.narrow(0, mine.start, mine.count);
-    at::Tensor loss = gpt->loss(rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous());
-    (loss * (static_cast<double>(mine.count * ndp) / static_cast<double>(B))).backward();
+    ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm);
+  };
+  loop.before_step = [&](int64_t step) {
     comm::CommLog::instance().clear();
     const double norm = optim::clip_grad_norm(*par, max_norm);
     auto c = comm::CommLog::instance().totals();
@@ -91,8 +92,8 @@ void check_clip(const comm::BackendPtr& world, const std::string& strategy, int6
             c.collectives == (sp ? 2 : 1) && (!sp || c.by_cause["tp sequence-parallel gradients"] == 1));
     check_relative(str_cat(tag, "step ", step, " norm"), at::full({1}, norm, at::kDouble),
                    at::full({1}, ref_norm, at::kDouble), 1e-6);
-    par->step();
-  }
+  };
+  run_parity(world, ref, *ref_opt, gpt, side_of(*par), loop);
   check_final_parameters(tag, ref, gpt, *par, 1e-5);
 }
 

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "tensor/detail/dtensor_meta.h"
-#include "tensor/random.h"
+#include "tensor/dtensor_random.h"
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
 #include "tests/worker_checks.h"

@@ -21,7 +21,7 @@
 //   zero_, zero                every placement to itself (every part 0)
 //   fill_, fill (Scalar)       R, S(d), P(avg|max|min) to themselves; P(sum) -> R (in place: back to P(sum))
 //   bernoulli_, uniform_,      S(d) and R: this rank's block of one global draw from DTensor's own Philox
-//     normal_, rand_like,      stream (tensor/random.h), the same on every rank whatever its own seed; a
+//     normal_, rand_like,      stream (tensor/dtensor_random.h), the same on every rank whatever its own seed; a
 //     randn_like               sharded tensor draws only its block
 //   native_dropout             as the fills: the global mask's block; R, S(d)
 #include <ATen/ATen.h>
@@ -29,7 +29,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "tensor/detail/dtensor_meta.h"
-#include "tensor/random.h"
+#include "tensor/dtensor_random.h"
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
 #include "tensor/sharding_rules.h"
@@ -207,7 +207,7 @@ void refuse_generator(const c10::OperatorHandle& op, const torch::jit::Stack& st
 }
 
 // Random ops: this rank's block of the values one process would draw for the global tensor, from DTensor's
-// stream (tensor/random.h). In place (bernoulli_, uniform_, normal_) the block is overwritten; out of place
+// stream (tensor/dtensor_random.h). In place (bernoulli_, uniform_, normal_) the block is overwritten; out of place
 // (rand_like, randn_like) a block of the asked dtype is filled (the op itself would draw from, and advance,
 // the process's default generator for nothing).
 RuleResult random_rule(const RuleCall& c) {

@@ -1,5 +1,5 @@
-// DTensor random numbers; see random.h.
-#include "tensor/random.h"
+// DTensor random numbers; see dtensor_random.h.
+#include "tensor/dtensor_random.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,5 +1,5 @@
-// random_hex; see random.h.
-#include "core/random.h"
+// random_hex; see secure_random.h.
+#include "core/secure_random.h"
 
 #include <sys/random.h>
 
