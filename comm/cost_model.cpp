@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace dtrain::comm {
@@ -67,25 +68,31 @@ CostModel CostModel::from_profile(const CommProfile& profile, int axes) {
 }
 
 AlphaBeta fit_alpha_beta(const std::vector<std::pair<double, double>>& pts) {
-  double n = static_cast<double>(pts.size()), sx = 0, sy = 0, sxx = 0, sxy = 0;
+  // weighted by 1 / seconds^2: each point's relative error counts alike, so that the large sizes (and their
+  // noise) do not set the small sizes' latency
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, n = 0, plain = 0;
   for (auto [x, y] : pts) {
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
+    const double w = y > 0 ? 1.0 / (y * y) : 1.0;
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+    n += 1;
+    plain += y;
   }
-  double denom = n * sxx - sx * sx;
-  if (pts.size() < 2 || denom <= 0) {
+  const double denom = sw * sxx - sx * sx;
+  if (pts.size() < 2 || !(denom > 0)) {
     throw ValueError(
         str_cat("fit_alpha_beta: ", pts.size(),
                 " points with fewer than two distinct sizes cannot give alpha and beta. Measure at least "
                 "two sizes."));
   }
-  double beta = (n * sxy - sx * sy) / denom;
-  double alpha = (sy - beta * sx) / n;
-  if (beta < 0) {  // time does not grow with size: all latency
+  double beta = (sw * sxy - sx * sy) / denom;
+  double alpha = (sy - beta * sx) / sw;
+  if (beta < 0) {  // time does not grow with size: all latency, the plain mean
     beta = 0;
-    alpha = sy / n;
+    alpha = plain / n;
   }
   if (alpha < 0) {  // refit through the origin
     alpha = 0;
@@ -103,21 +110,7 @@ void write_profile(const std::string& path, const CommProfile& profile) {
   for (const auto& [name, ab] : profile.collectives) {
     j["collectives"][name] = {{"alpha_s", ab.alpha}, {"beta_s_per_byte", ab.beta}};
   }
-  std::string text = j.dump(2) + "\n";
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw ValueError(str_cat("profile: cannot create ", tmp, ": ", std::strerror(errno),
-                             ". Choose a path in a writable folder."));
-  }
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw ValueError(str_cat("profile: writing ", path, " failed: ", std::strerror(err),
-                             ". The previous file, if any, is unchanged."));
-  }
+  write_text_atomic("profile", path, j.dump(2) + "\n");
 }
 
 namespace {

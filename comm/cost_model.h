@@ -31,9 +31,10 @@ struct AlphaBeta {
   double beta = 0;   // seconds per (bus) byte
 };
 
-// Least-squares fit of seconds = alpha + beta * bytes over (bytes, seconds) points; alpha and beta are
-// clamped to be non-negative (a noisy sweep can otherwise give a negative intercept). ValueError for fewer
-// than two distinct sizes.
+// Least-squares fit of seconds = alpha + beta * bytes over (bytes, seconds) points, each point's relative
+// error weighted alike (weights 1 / seconds^2), so that noise at the large sizes does not set the latency;
+// alpha and beta are clamped to be non-negative (a noisy sweep can otherwise give a negative intercept).
+// ValueError for fewer than two distinct sizes.
 AlphaBeta fit_alpha_beta(const std::vector<std::pair<double, double>>& bytes_seconds);
 
 // What `dtrain bench comm --profile FILE` measured: alpha and beta per collective ("all_gather",

@@ -50,6 +50,14 @@ PlanCache& plan_cache(int axes) {
   std::lock_guard<std::mutex> lock(mu);
   auto& c = caches[{axes, profile}];
   if (!c) {
+    static bool told = false;  // (under mu)
+    if (profile.empty() && !told) {
+      told = true;
+      log_info(
+          "DTensor plans its redistributions on built-in costs (loopback TCP figures, DESIGN §8), not "
+          "this machine's: set DTRAIN_COMM_PROFILE to a profile written by `dtrain bench comm --profile "
+          "FILE` to plan on measured ones.");
+    }
     c = std::make_unique<PlanCache>(profile.empty()
                                         ? CostModel::defaults(axes)
                                         : CostModel::from_profile(comm::read_profile(profile), axes));

@@ -1,7 +1,7 @@
-// dtrain train's configuration (apps/dtrain/gpt/config.h, apps/dtrain/gpt/deepspeed_config.h), pure: the TOML schema's round
-// trip, every kind of rejection with its message (unknown key and its nearest valid key, wrong type, out of
-// range, not TOML, --set without '='), the order of the sources on `dtrain train`'s command line, and a
-// DeepSpeed JSON config mapped field by field.
+// dtrain train's configuration (apps/dtrain/gpt/config.h, apps/dtrain/gpt/deepspeed_config.h), pure: the TOML
+// schema's round trip, every kind of rejection with its message (unknown key and its nearest valid key, wrong
+// type, out of range, not TOML, --set without '='), the order of the sources on `dtrain train`'s command
+// line, and a DeepSpeed JSON config mapped field by field.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,10 +10,10 @@
 #include <functional>
 
 #include "apps/dtrain/cmd_train.h"
-#include "core/error.h"
-#include "tests/temp_dir.h"
 #include "apps/dtrain/gpt/config.h"
 #include "apps/dtrain/gpt/deepspeed_config.h"
+#include "core/error.h"
+#include "tests/temp_dir.h"
 
 using namespace dtrain;
 using train::TrainOptions;
@@ -199,13 +199,13 @@ TEST(DeepSpeedConfig, TheDocumentedExampleMapsFieldByField) {
   EXPECT_EQ(o.zero_stage, 2);
   EXPECT_EQ(o.bucket_bytes, int64_t{500000000} * 2);  // 5e8 elements of fp16 gradients
   // the world size resolves the batch and the strategy: 4 x 2 x 2 ranks = 16
-  train::resolve_options(o, 2, 1000, 1e12);
+  train::resolve_options(o, 2);
   EXPECT_EQ(o.strategy, "zero2");
   EXPECT_EQ(o.batch, 16);
   const std::string e = error_of([&] {
     TrainOptions p;
     train::apply_deepspeed_config(p, DTRAIN_SOURCE_DIR "/examples/deepspeed/ds_config.json");
-    train::resolve_options(p, 3, 1000, 1e12);
+    train::resolve_options(p, 3);
   });
   EXPECT_NE(
       e.find("--batch 16 (train_batch_size) is not --micro-batch 4 x --accumulation 2 x 3 data-parallel "
@@ -234,7 +234,7 @@ TEST(DeepSpeedConfig, WarmupDecayBf16Zero3AndInferredAccumulation) {
   EXPECT_DOUBLE_EQ(o.min_lr, 1e-5);
   EXPECT_EQ(o.precision, "bf16");
   EXPECT_EQ(o.bucket_bytes, 2000000);  // 1e6 elements of bf16
-  train::resolve_options(o, 4, 1000, 1e12);
+  train::resolve_options(o, 4);
   EXPECT_EQ(o.strategy, "zero3");
   EXPECT_EQ(o.accumulation, 2);  // 24 / (3 x 4)
 }

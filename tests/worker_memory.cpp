@@ -2,17 +2,12 @@
 // built on the meta device never holds the whole model, and ZeRO-3's training peak is below data parallel's
 // by most of the model state it shards.
 #include <ATen/ATen.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 #include <torch/optim/adamw.h>
 
-#include <atomic>
-#include <cstring>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "core/error.h"
+#include "dispatch/tensor_memory.h"
 #include "models/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/zero.h"
@@ -27,61 +22,16 @@ namespace {
 // A plain copy of a parameter (ZeRO-3's are gathered: a collective every rank runs alike).
 at::Tensor plain_copy(const at::Tensor& t) { return t.detach().clone(); }
 
-// Counts the bytes libtorch's CPU allocator has handed out and not taken back, and their peak (installed
-// once, for the rest of the process; it allocates as libtorch's default CPU allocator does, with
-// c10::alloc_cpu).
-class CountingAllocator : public c10::Allocator {
- public:
-  static CountingAllocator& install() {
-    static CountingAllocator* a = [] {
-      auto* c = new CountingAllocator();
-      c10::SetCPUAllocator(c, /*priority=*/255);
-      return c;
-    }();
-    return *a;
+// The library's counting CPU allocator (dispatch/tensor_memory.h), as one object.
+struct TensorCounter {
+  static TensorCounter& install() {
+    dispatch::install_tensor_memory_counter();
+    static TensorCounter c;
+    return c;
   }
-  // From now on, the peak counts from what is live now.
-  void reset_peak() { peak_ = live_.load(); }
-  int64_t live() const { return live_.load(); }
-  int64_t peak() const { return peak_.load(); }
-
-  c10::DataPtr allocate(size_t n) override {
-    void* p = c10::alloc_cpu(n);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sizes_[p] = static_cast<int64_t>(n);
-    }
-    const int64_t now = live_ += static_cast<int64_t>(n);
-    int64_t seen = peak_.load();
-    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
-    }
-    return c10::DataPtr(p, p, &release, c10::Device(c10::kCPU));
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
-
- private:
-  CountingAllocator() = default;
-  static CountingAllocator& self() { return install(); }
-  static void release(void* p) {
-    CountingAllocator& a = self();
-    int64_t n = 0;
-    {
-      std::lock_guard<std::mutex> lock(a.mu_);
-      auto it = a.sizes_.find(p);
-      if (it != a.sizes_.end()) {
-        n = it->second;
-        a.sizes_.erase(it);
-      }
-    }
-    a.live_ -= n;
-    c10::free_cpu(p);
-  }
-  std::mutex mu_;
-  std::unordered_map<void*, int64_t> sizes_;  // guarded by mu_
-  std::atomic<int64_t> live_{0}, peak_{0};
+  void reset_peak() { dispatch::reset_tensor_peak(); }
+  int64_t live() const { return dispatch::tensor_bytes_live(); }
+  int64_t peak() const { return dispatch::tensor_bytes_peak(); }
 };
 
 // ZeRO-3 from the meta device: the GPT built under OnMetaDevice holds no memory; Zero makes each parameter
@@ -91,7 +41,7 @@ class CountingAllocator : public c10::Allocator {
 void check_meta_init(const comm::BackendPtr& world) {
   const int64_t n = world->group_size();
   const models::GPTConfig cfg = small_gpt(64);
-  CountingAllocator& counter = CountingAllocator::install();
+  TensorCounter& counter = TensorCounter::install();
   int64_t model_bytes = 0, largest = 0;
   counter.reset_peak();
   int64_t before = counter.live();
@@ -166,7 +116,7 @@ void check_peak_memory(const comm::BackendPtr& world) {
   const int64_t n = world->group_size(), me = world->group_rank();
   if (n != 4) return;
   const models::GPTConfig cfg = small_gpt(64);
-  CountingAllocator& counter = CountingAllocator::install();
+  TensorCounter& counter = TensorCounter::install();
   const int64_t unit = 32 << 10;
   auto adamw = [](std::vector<at::Tensor> params) {
     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3));

@@ -25,6 +25,7 @@
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "dispatch/tensor_memory.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
 #include "parallel/data_parallel.h"
@@ -180,6 +181,8 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
       o_(std::move(options)),
       world_(std::move(world)) {
   check_trainer_options(o_);
+  // tensor_peak_mib in the metrics (counting from here unless the caller installed it before the model)
+  if (!o_.metrics.empty()) dispatch::install_tensor_memory_counter();
   if (!loss_ || !batches_) throw ValueError("Trainer: the loss function and the batch function must be set.");
   const int64_t ws = world_->group_size();
   if (o_.tp < 1 || ws % o_.tp != 0) {
@@ -241,7 +244,7 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   loss_rides_ = strategy == parallel::Strategy::kDataParallel && o_.tp == 1 && !o_.deterministic &&
                 (pc.reduction.reduce_dtype ? *pc.reduction.reduce_dtype == at::kFloat
                                            : precision == optim::Precision::kFp32);
-  if (loss_rides_) pc.reduction.side_values = 3 + ws;  // run_step's values
+  if (loss_rides_) pc.reduction.side_values = 3 + 2 * ws;  // run_step's values
   optim::LossScalerOptions scaler = o_.scaler;
   scaler.initial_scale = std::pow(2.0, o_.initial_scale_power);
   if (o_.loss_scale > 0) {
@@ -383,7 +386,7 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
     const double weight = static_cast<double>(mine.count) / static_cast<double>(o_.batch);
     share += loss.item<double>() * weight;
     if (last) {
-      values = at::zeros({3 + ws}, at::kDouble);
+      values = at::zeros({3 + 2 * ws}, at::kDouble);
       values[0] = share;
       if (want_loss) values[1 + world_->group_rank()] = rss_mib();  // (a read of /proc: logged steps only)
       const std::array<double, 2> lead = log.lead_values(step);
@@ -409,6 +412,20 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
   }
   optimizer_span.reset();
   info.loss = std::numeric_limits<double>::quiet_NaN();
+  // tensor_peak_mib: this rank's peak over the whole step, backward and optimizer included, so read now: in
+  // the loss's all-reduce, or, where the loss rode with the gradients, in one small all-reduce of its own
+  const bool peaks = want_loss && dispatch::tensor_memory_counter_installed();
+  if (peaks) {
+    const double mine = static_cast<double>(dispatch::tensor_bytes_peak()) / (1 << 20);
+    if (!loss_rides_) {
+      values[3 + ws + world_->group_rank()] = mine;
+    } else {
+      at::Tensor each = at::zeros({ws}, at::kDouble);
+      each[world_->group_rank()] = mine;
+      world_->all_reduce(each)->wait();
+      values.narrow(0, 3 + ws, ws).copy_(each);
+    }
+  }
   if (want_loss || loss_rides_) {  // (riding, every step's loss is known at no cost)
     if (!loss_rides_) {
       comm::timeline::Span loss_span("loss for the log", "comm");
@@ -419,6 +436,11 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
     log.agree(step, v[1 + ws], v[2 + ws]);
   }
   last_rss_.assign(values.data_ptr<double>() + 1, values.data_ptr<double>() + 1 + ws);
+  last_tensor_peak_.clear();
+  if (peaks) {
+    last_tensor_peak_.assign(values.data_ptr<double>() + 3 + ws, values.data_ptr<double>() + 3 + 2 * ws);
+    dispatch::reset_tensor_peak();  // the next record's peak: from what is live after this step
+  }
   if (!want_loss) last_rss_.clear();
   info.comm_wait_s = comm::timeline::take_wait_seconds();
 }
@@ -458,6 +480,7 @@ void Trainer::fit() {
       comm::timeline::take();
       comm::timeline::enable(true);
     }
+    dispatch::reset_tensor_peak();  // tensor_peak_mib counts the steps, not the set-up before them
     for (int64_t step = first_step_; step <= o_.steps; ++step) {
       fault_point("step", step);
       comm::CommLog::instance().clear();  // the log then holds one step
@@ -475,7 +498,7 @@ void Trainer::fit() {
         if (step == first_step_) first_loss_ = info.loss;
         last_loss_ = info.loss;
       }
-      log.step(info, last_rss_, mp_->loss_scale());
+      log.step(info, last_rss_, last_tensor_peak_, mp_->loss_scale());
       for (auto& cb : callbacks_) cb->on_step_end(*this, info);
       if (!o_.save.empty() && ((o_.save_every > 0 && step % o_.save_every == 0) || step == o_.steps))
         save(step);

@@ -93,7 +93,12 @@ struct TrainerOptions {
   int64_t keep = 3;
   std::string resume;
   std::string init_from;
-  // Rank 0's log line every `log_every` steps; `metrics`: a JSONL file, one object per step; `timeline`: a
+  // Rank 0's log line every `log_every` steps; `metrics`: a JSONL file, one object per step (loss, lr, rates,
+  // rss_mib and tensor_peak_mib per rank: the resident set, and the peak of bytes held by tensors since the
+  // record before, counted by dispatch/tensor_memory.h from the Trainer's construction, or from earlier where
+  // the caller installed the counter before building the model; the set-up before fit() is not in the
+  // peak; under dp, where the loss rides with the gradients, it costs one small all-reduce a step of its
+  // own); `timeline`: a
   // Chrome-trace (Perfetto) JSON file of every rank's forward, backward, optimizer and each collective,
   // written by rank 0 at the end of fit().
   int64_t log_every = 20;
@@ -222,6 +227,8 @@ class Trainer {
   double first_loss_ = 0, last_loss_ = 0;
   std::vector<double>
       last_rss_;  // each rank's resident memory (MiB) at the last step whose loss was gathered
+  // each rank's peak of bytes held by tensors (MiB) since the record before (dispatch/tensor_memory.h)
+  std::vector<double> last_tensor_peak_;
   std::string last_step_comm_;
 };
 

@@ -4,11 +4,16 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
 #include "comm/factory.h"
 #include "core/error.h"
+#include "plan/cluster_profile.h"
 #include "plan/comm_benchmark.h"
+#include "plan/overlap_benchmark.h"
 
 namespace dtrain::apps {
 
@@ -60,10 +65,32 @@ int run_bench_comm(const BenchCommOptions& opts) {
     }
     std::fflush(stdout);
   });
-  if (!opts.profile.empty() && printer) {
-    comm::write_profile(opts.profile, profile);
-    std::printf("\n# profile written to %s (alpha + beta * bus bytes per collective)\n",
-                opts.profile.c_str());
+  if (!opts.profile.empty()) {
+    // ranks on one host: the intra-host links (and the overlap); on several: the links across hosts. A
+    // profile already at the path keeps its other part (measure on one host, then across hosts).
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const bool across = local != nullptr && std::atoi(local) > 0 && std::atoi(local) < n;
+    const double overlap = across ? -1 : plan::measure_overlap(*world);
+    if (printer) {
+      plan::ClusterProfile cp;
+      if (std::filesystem::exists(opts.profile)) {
+        try {
+          cp = plan::read_cluster_profile(opts.profile);
+        } catch (const ValueError&) {
+          cp = plan::ClusterProfile{};  // (not a profile: replaced whole)
+        }
+      }
+      cp.backend = world->name();
+      cp.source = "measured by dtrain bench comm";
+      plan::LinkProfile& links = across ? cp.inter_host : cp.intra_host;
+      links.ranks = n;
+      links.collectives = profile.collectives;
+      if (!across) cp.overlap = overlap;
+      plan::write_cluster_profile(opts.profile, cp);
+      std::printf("\n# profile written to %s: alpha + beta * bus bytes per collective, %s%s\n",
+                  opts.profile.c_str(), across ? "across hosts (inter_host)" : "within one host",
+                  across ? "" : str_cat("; overlap ", overlap, " (plan/overlap_benchmark.h)").c_str());
+    }
   }
   world->barrier()->wait();
   return 0;

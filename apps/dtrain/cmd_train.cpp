@@ -3,9 +3,9 @@
 
 #include <map>
 
-#include "core/error.h"
 #include "apps/dtrain/gpt/config.h"
 #include "apps/dtrain/gpt/deepspeed_config.h"
+#include "core/error.h"
 
 namespace dtrain::apps {
 
@@ -16,6 +16,11 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& cmd) {
       "defaults, "
       "then CONFIG (TOML, or a DeepSpeed JSON config), then the flags, then --set key=value, each later one "
       "winning; every flag below is also a key (shown in brackets) of the TOML file and of --set");
+  add_train_options(c, cmd);
+  return c;
+}
+
+void add_train_options(CLI::App* c, TrainCommand& cmd) {
   c->add_option("config", cmd.config,
                 "A TOML config (sections model, data, train, strategy, precision, optimizer, schedule, "
                 "checkpoint, eval, log, sample), or a DeepSpeed JSON config (*.json)");
@@ -36,7 +41,6 @@ CLI::App* add_train_command(CLI::App& app, TrainCommand& cmd) {
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     }
   }
-  return c;
 }
 
 train::TrainOptions train_options(const TrainCommand& cmd) {

@@ -1,5 +1,5 @@
-// Command-line options of `dtrain train` (apps/dtrain/gpt/train_gpt.h): a config file (TOML, or DeepSpeed's JSON), one
-// flag per key of apps/dtrain/gpt/config.h's schema, and --set key=value.
+// Command-line options of `dtrain train` (apps/dtrain/gpt/train_gpt.h): a config file (TOML, or DeepSpeed's
+// JSON), one flag per key of apps/dtrain/gpt/config.h's schema, and --set key=value.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,6 +19,8 @@ struct TrainCommand {
 };
 
 CLI::App* add_train_command(CLI::App& app, TrainCommand& cmd);
+// The options of `dtrain train` on `c` (also `dtrain plan`'s).
+void add_train_options(CLI::App* c, TrainCommand& cmd);
 
 // The defaults, then the config file, then the flags, then --set. ValueError naming the source, key and
 // value.

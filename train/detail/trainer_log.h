@@ -84,7 +84,8 @@ class Trainer::Log {
   double seconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   }
-  void step(const StepInfo& s, const std::vector<double>& rss, double loss_scale) {
+  void step(const StepInfo& s, const std::vector<double>& rss, const std::vector<double>& tensor_peak,
+            double loss_scale) {
     if (!lead_) return;
     const double rate = static_cast<double>((s.step - first_step_ + 1) * o_.batch * o_.tokens_per_sample) /
                         std::max(s.seconds, 1e-9);
@@ -100,6 +101,7 @@ class Trainer::Log {
       if (s.skipped) j["skipped"] = true;
       j["comm_wait_s"] = s.comm_wait_s;
       if (!rss.empty()) j["rss_mib"] = rss;
+      if (!tensor_peak.empty()) j["tensor_peak_mib"] = tensor_peak;
       metrics_ << j.dump() << "\n";
       metrics_.flush();
     }

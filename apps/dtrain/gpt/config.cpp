@@ -141,7 +141,8 @@ const std::vector<Entry>& entries() {
         "also "
         "deepspeed1..3, fsdp), deepspeed (with strategy.zero_stage), hsdp (zero3 within groups of "
         "--shard-size "
-        "ranks, replicated across them), or auto (from the model's size and the memory: see the docs)",
+        "ranks, replicated across them), or auto (the planner's choice from measured costs: "
+        "docs/planning.md)",
         [](TrainOptions& o) -> std::string& { return o.strategy; }));
     v.push_back(int_key<int64_t>("strategy.zero_stage", "--zero-stage", -1, 3,
                                  "With --strategy deepspeed: DeepSpeed's zero_optimization.stage (0: data "
@@ -280,15 +281,33 @@ const std::vector<Entry>& entries() {
                                  [](TrainOptions& o) -> int64_t& { return o.log_every; }));
     v.push_back(
         string_key("log.metrics", "--metrics", {},
-                   "Write one JSON object per step (step, loss, lr, elapsed_s, tokens_per_s, rss_mib of "
-                   "each rank, grad_norm with --clip, loss_scale under fp16) and one per evaluation "
-                   "(step, val_loss) to this file; a resumed run appends",
+                   "Write one JSON object per step (step, loss, lr, elapsed_s, tokens_per_s, rss_mib and "
+                   "tensor_peak_mib of each rank, grad_norm with --clip, loss_scale under fp16) and one per "
+                   "evaluation (step, val_loss) to this file; a resumed run appends",
                    [](TrainOptions& o) -> std::string& { return o.metrics; }));
     v.push_back(
         string_key("log.timeline", "--timeline", {},
                    "Write a Chrome-trace (Perfetto) timeline of every rank's forward, backward, optimizer "
                    "and each collective to this file at the end (open it in ui.perfetto.dev)",
                    [](TrainOptions& o) -> std::string& { return o.timeline; }));
+    v.push_back(bool_key("log.verbose", "--verbose", "strategy auto: also print every candidate's prediction",
+                         [](TrainOptions& o) -> bool& { return o.verbose; }));
+    // [plan] (strategy auto and dtrain plan: docs/planning.md)
+    v.push_back(int_key<int64_t>(
+        "plan.memory_budget", "--memory-budget", 0, 1e15,
+        "Bytes held by tensors per rank that a plan may use, e.g. 2G (0: the memory free per rank on the "
+        "host, "
+        "less the runtime)",
+        [](TrainOptions& o) -> int64_t& { return o.memory_budget; }, Kind::kBytes));
+    v.push_back(
+        string_key("plan.profile", "--profile", {},
+                   "The links' profile (dtrain bench comm --profile): \"\" measures it once and caches "
+                   "it, builtin uses built-in figures",
+                   [](TrainOptions& o) -> std::string& { return o.profile; }));
+    v.push_back(
+        int_key<int64_t>("plan.auto_confirm", "--auto-confirm", 0, 16,
+                         "strategy auto: time the top K candidates for a few steps and keep the fastest",
+                         [](TrainOptions& o) -> int64_t& { return o.auto_confirm; }));
     // [sample]
     v.push_back(int_key<int64_t>("sample.bytes", "--sample", 0, 100000,
                                  "Generate this many bytes of text after the training and print them",

@@ -55,7 +55,7 @@ TextCorpus load_text(const std::string& path, double val_fraction) {
     throw ValueError(str_cat("data: '", path, "' holds ", bytes.size(),
                              " bytes of text; at least 4096 are needed. Point --data at more text."));
   }
-  at::Tensor all = at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte).to(at::kLong);
+  at::Tensor all = at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte);
   const int64_t n_val = std::max<int64_t>(1024, static_cast<int64_t>(val_fraction * all.numel()));
   TextCorpus c;
   c.source =
@@ -76,7 +76,7 @@ int64_t window_count(const at::Tensor& tokens, int64_t seq) {
 
 at::Tensor windows(const at::Tensor& tokens, int64_t seq, const at::Tensor& indices) {
   const at::Tensor idx = (indices.unsqueeze(1) * seq + at::arange(seq + 1, at::kLong)).reshape({-1});
-  return at::index_select(tokens, 0, idx).view({indices.numel(), seq + 1});
+  return at::index_select(tokens, 0, idx).to(at::kLong).view({indices.numel(), seq + 1});
 }
 
 }  // namespace dtrain::train

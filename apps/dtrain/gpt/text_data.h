@@ -11,7 +11,7 @@ namespace dtrain::train {
 
 struct TextCorpus {
   std::string source;  // what was read, for the log
-  at::Tensor train;    // int64 token ids (bytes)
+  at::Tensor train;    // token ids: the bytes (uint8; windows() gives int64)
   at::Tensor val;
 };
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "apps/dtrain/gpt/auto_layout.h"
 #include "apps/dtrain/gpt/config.h"
 #include "apps/dtrain/gpt/text_data.h"
 #include "checkpoint/file_io.h"
@@ -21,6 +22,7 @@
 #include "comm/comm_log.h"
 #include "comm/init.h"
 #include "core/error.h"
+#include "dispatch/tensor_memory.h"
 #include "mesh/device_mesh.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
@@ -28,7 +30,6 @@
 #include "parallel/parallelize.h"
 #include "parallel/strategy.h"
 #include "plan/memory_model.h"
-#include "plan/strategy_choice.h"
 #include "tensor/distribute_module.h"
 #include "tensor/dtensor.h"
 #include "tensor/redistribute.h"
@@ -267,15 +268,6 @@ void show_config(const TrainOptions& o) {
       path, str_cat("# dtrain train's effective config (dtrain train ", path, " runs it again)\n", text));
 }
 
-double available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    if (line.rfind("MemAvailable:", 0) == 0) return std::atof(line.c_str() + 13) * 1024.0;
-  }
-  return 0;
-}
-
 // FNV-1a over every parameter's bytes in registration order: runs with the same digest have the same bits
 // (what --deterministic promises across world sizes). Where each rank holds every parameter whole (no ZeRO-3,
 // no tensor parallel); "" elsewhere.
@@ -295,7 +287,7 @@ std::string parameter_digest(torch::nn::Module& m, parallel::Strategy strategy, 
 
 }  // namespace
 
-void resolve_options(TrainOptions& o, int64_t world_size, int64_t params, double available_bytes) {
+void resolve_options(TrainOptions& o, int64_t world_size) {
   resolve_deepspeed(o);
   if (o.tp < 1 || world_size % o.tp != 0) return;  // (the Trainer names the bad --tp)
   const int64_t n = world_size / o.tp;
@@ -326,20 +318,6 @@ void resolve_options(TrainOptions& o, int64_t world_size, int64_t params, double
                                      " micro-batches of ", o.batch / o.accumulation,
                                      " sequences: the same bits at 1, 2, 4 and 8 data-parallel ranks)"));
   }
-  if (o.strategy == "auto") {
-    // The planner's rule (plan/strategy_choice.h) over the memory available per rank on this node.
-    const char* lws = std::getenv("LOCAL_WORLD_SIZE");  // ranks sharing this node's memory
-    plan::StrategyInputs in;
-    in.params = params;
-    in.tp = o.tp;
-    in.data_parallel = n;
-    in.available_bytes = available_bytes;
-    in.ranks_on_node =
-        std::max<int64_t>(1, std::min<int64_t>(world_size, lws ? std::atoll(lws) : world_size));
-    const plan::StrategyChoice choice = plan::choose_strategy(in);
-    o.strategy = parallel::to_string(choice.strategy);
-    o.config_notes.push_back(str_cat("strategy auto: ", choice.reason));
-  }
 }
 
 void check_train_options(const TrainOptions& o) {
@@ -363,8 +341,6 @@ void check_train_options(const TrainOptions& o) {
 
 int train_gpt(const TrainOptions& options) {
   TrainOptions o = options;
-  o.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
-  if (o.checkpoint_activations) o.activation_checkpointing = {"h*"};  // every block
   o.tokens_per_sample = o.model.block_size;
   resolve_deepspeed(o);
   {  // every option alone, before any rank waits for the others ("auto" is checked as dp)
@@ -373,6 +349,8 @@ int train_gpt(const TrainOptions& options) {
     check_train_options(c);
   }
   auto world = dtrain::init();
+  // tensor_peak_mib (the metrics) counts the model's own tensors too; the planner counts activations
+  if (!o.metrics.empty() || o.strategy == "auto") dispatch::install_tensor_memory_counter();
   g_rss_before_model_mib = peak_rss_mib();
   models::GPTConfig cfg = o.model;
   cfg.vocab_size = 256;  // bytes
@@ -380,15 +358,17 @@ int train_gpt(const TrainOptions& options) {
   models::GPT gpt(cfg);
   int64_t n_params = 0;
   for (const auto& p : gpt->parameters()) n_params += p.numel();
-  {  // strategy auto: the memory every rank has (the smallest, so that every rank decides alike)
-    at::Tensor mem = at::full({1}, o.strategy == "auto" ? available_memory_bytes() : 0.0, at::kDouble);
-    if (o.strategy == "auto") {
-      comm::AllReduceOptions min;
-      min.op = comm::ReduceOp::kMin;
-      world->all_reduce(mem, min)->wait();
+  if (o.strategy == "auto") {
+    if (o.micro_batch > 0) {
+      throw ValueError(
+          str_cat("train: --strategy auto chooses the micro-batch and accumulation itself; give ",
+                  "the global batch (--batch) and leave out --micro-batch ", o.micro_batch, "."));
     }
-    resolve_options(o, world->group_size(), n_params, mem.item<double>());
+    choose_layout(o, world);
   }
+  resolve_options(o, world->group_size());
+  o.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
+  if (o.checkpoint_activations) o.activation_checkpointing = {"h*"};  // every block
   check_train_options(o);
   if (world->group_rank() == 0) show_config(o);
   const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);

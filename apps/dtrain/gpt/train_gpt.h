@@ -32,17 +32,24 @@ struct TrainOptions : TrainerOptions {
   // Resolved once the world size is known (resolve_options): the batch from micro_batch (sequences per
   // data-parallel rank per micro-step, DeepSpeed's train_micro_batch_size_per_gpu; 0: not set) x accumulation
   // x the data-parallel ranks; strategy "deepspeed" from zero_stage (-1: not set; 0 dp, 1-3 zero1-3);
-  // strategy "auto" from the model's size and the memory.
+  // strategy "auto" by the planner.
   int64_t micro_batch = 0;
   int64_t zero_stage = -1;
   bool batch_given = false, accumulation_given = false;  // set by a config, a flag or --set
   std::vector<std::string> config_notes;                 // what a DeepSpeed config's fixed keys mean here
+  // The planner (strategy auto, dtrain plan; apps/dtrain/gpt/plan_gpt.h): the memory budget per rank in bytes
+  // of tensors (0: free memory per rank less the runtime), the links' profile ("": measured and cached;
+  // "builtin"), the top candidates to time (0: none), and the whole table printed.
+  int64_t memory_budget = 0;
+  std::string profile;
+  int64_t auto_confirm = 0;
+  bool verbose = false;
 };
 
-// Resolves what needs the world size (see micro_batch, zero_stage) and strategy "auto" (`params`: the
-// model's parameter count; `available_bytes`: the memory available on the node, the smallest any rank saw),
-// in place; appends what it chose to o.config_notes. ValueError naming the keys.
-void resolve_options(TrainOptions& o, int64_t world_size, int64_t params, double available_bytes);
+// Resolves what needs the world size (see micro_batch, zero_stage) in place (strategy "auto" is resolved
+// before, by the planner: apps/dtrain/gpt/auto_layout.h); appends what it chose to o.config_notes.
+// ValueError naming the keys.
+void resolve_options(TrainOptions& o, int64_t world_size);
 
 // Megatron's layout of models::GPT as a tensor-parallel plan: q, k, v colwise and the attention projection
 // rowwise by whole heads (unit head_dim), the MLP's fc colwise and proj rowwise, the token embedding

@@ -1,0 +1,84 @@
+// The plan's report; see plan_report.h.
+#include "plan/plan_report.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dtrain::plan {
+
+std::string plan_table(const Plan& plan) {
+  std::string out;
+  for (const auto& n : plan.notes) out += str_cat("# ", n, "\n");
+  char line[512];
+  std::snprintf(line, sizeof(line), "%4s  %-42s %10s %10s %5s  %s\n", "rank", "candidate", "step(ms)",
+                "peak(MiB)", "fits", "reason");
+  out += line;
+  for (const auto& c : plan.candidates) {
+    std::snprintf(line, sizeof(line), "%4s  %-42s %10.2f %10.1f %5s  %s%s\n",
+                  c.rank > 0 ? str_cat(c.rank).c_str() : "-", c.name().c_str(), c.predicted_step_s * 1e3,
+                  c.predicted_peak_bytes / (1 << 20), c.fits ? "yes" : "no", c.chosen ? "CHOSEN: " : "",
+                  c.reason.c_str());
+    out += line;
+  }
+  return out;
+}
+
+std::string candidate_json(const Candidate& c) {
+  nlohmann::json mem = nlohmann::json::object(), comm = nlohmann::json::object();
+  for (const auto& [k, v] : c.memory) mem[k] = v / (1 << 20);
+  for (const auto& [k, v] : c.comm) comm[k] = v;
+  nlohmann::json j{{"name", c.name()},
+                   {"strategy", c.strategy},
+                   {"tp", c.tp},
+                   {"sequence_parallel", c.sequence_parallel},
+                   {"checkpoint_activations", c.checkpoint_activations},
+                   {"micro_batch", c.micro_batch},
+                   {"accumulation", c.accumulation},
+                   {"bucket_bytes", c.bucket_bytes},
+                   {"shard_size", c.shard_size},
+                   {"predicted_step_s", c.predicted_step_s},
+                   {"predicted_peak_mib", c.predicted_peak_bytes / (1 << 20)},
+                   {"fits", c.fits},
+                   {"chosen", c.chosen},
+                   {"rank", c.rank},
+                   {"reason", c.reason},
+                   {"flags", c.flags},
+                   {"compute_s", c.compute_s},
+                   {"optimizer_s", c.optimizer_s},
+                   {"comm_s", c.comm_s},
+                   {"exposed_comm_s", c.exposed_comm_s},
+                   {"strategy_overhead_s", c.strategy_overhead_s},
+                   {"comm_s_by_cause", comm},
+                   {"memory_mib", mem}};
+  return j.dump();
+}
+
+std::string placements(const Candidate& c, const ModelFacts& f, int64_t world) {
+  const int64_t n = world / c.tp;
+  std::string mesh;
+  std::string dp_axis;
+  if (c.strategy == "hsdp") {
+    mesh = str_cat("replicate=", n / c.shard_size, ", shard=", c.shard_size);
+    dp_axis = "replicate: Replicate()  shard: Shard(0)";
+  } else {
+    mesh = str_cat("dp=", n);
+    dp_axis = c.strategy == "zero3" ? "dp: Shard(0)" : "dp: Replicate()";
+  }
+  if (c.tp > 1) mesh += str_cat(", tp=", c.tp);
+  std::string out =
+      str_cat("mesh [", mesh, "]; each parameter's placement per axis",
+              c.strategy == "zero3" || c.strategy == "hsdp" ? " (Shard(0): flattened, as FSDP)" : "",
+              c.strategy == "zero1" || c.strategy == "zero2"
+                  ? " (parameters whole; optimizer state" +
+                        std::string(c.strategy == "zero2" ? " and gradients" : "") + " sharded over dp)"
+                  : "",
+              ":\n");
+  for (const auto& p : f.params) {
+    out += str_cat("  ", p.name, "  ", dp_axis, c.tp > 1 ? str_cat("  tp: ", p.tp_placement) : "", "\n");
+  }
+  return out;
+}
+
+}  // namespace dtrain::plan

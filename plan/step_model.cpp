@@ -1,0 +1,198 @@
+// The step model; see step_model.h.
+#include "plan/step_model.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "parallel/strategy.h"
+#include "plan/memory_model.h"
+
+namespace dtrain::plan {
+
+namespace {
+
+constexpr int64_t kFirstBucket = int64_t{1} << 20;  // GradReductionOptions::first_bucket_bytes
+constexpr int64_t kDefaultBucket = int64_t{25} << 20;
+
+// Seconds of one collective per bucket, summed; and the last bucket's alone.
+struct Reduction {
+  double total = 0, last = 0;
+};
+Reduction over_buckets(const ClusterProfile& links, const std::string& op, int64_t n,
+                       const std::vector<int64_t>& buckets, double divide, bool across) {
+  Reduction r;
+  for (int64_t b : buckets) {
+    r.last = links.seconds(op, n, static_cast<double>(b) / divide, across);
+    r.total += r.last;
+  }
+  return r;
+}
+
+// What is left of `comm` seconds run under `compute` seconds: the overlap hides that fraction of the shorter.
+double hidden_rest(double comm, double compute, double overlap) {
+  return comm - overlap * std::min(std::max(0.0, comm), compute);
+}
+
+}  // namespace
+
+std::vector<int64_t> pack_buckets(const std::vector<int64_t>& bytes, int64_t first, int64_t cap) {
+  std::vector<int64_t> out;
+  int64_t cur = 0;
+  for (int64_t b : bytes) {
+    const int64_t limit = out.empty() ? first : cap;
+    if (cur > 0 && cur + b > limit) {
+      out.push_back(cur);
+      cur = 0;
+    }
+    cur += b;
+  }
+  if (cur > 0) out.push_back(cur);
+  return out;
+}
+
+std::vector<int64_t> zero3_unit_sizes(const ModelFacts& f, int64_t tp) {
+  std::vector<int64_t> out{kDefaultBucket};
+  const int64_t eighth = f.params_per_rank(tp) * f.element_bytes / 8;
+  int64_t p = 64 << 10;
+  while (p * 2 <= eighth) p *= 2;
+  if (p < kDefaultBucket && eighth >= (64 << 10)) out.push_back(p);
+  return out;
+}
+
+void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, const ClusterProfile& links,
+             const Topology& topo, double overlap) {
+  const int64_t n = topo.world / c.tp;
+  const ComputeSetting setting{c.tp, c.sequence_parallel, c.checkpoint_activations};
+  if (!compute.has(setting)) {
+    throw ValueError(str_cat("plan: the compute profile has no measurement under ", setting.to_string(),
+                             ". Measure it again with that degree (it is cached by the degrees asked for)."));
+  }
+  const double mb = static_cast<double>(c.micro_batch), acc = static_cast<double>(c.accumulation);
+  const double fwd = compute.forward_s(mb, setting), bwd = compute.backward_s(mb, setting);
+  const bool tp_across = c.tp > topo.ranks_per_host;
+  double tp_s = 0;
+  for (const MeasuredComm& m : compute.tp_collectives(mb, setting)) {
+    if (m.count == 0) continue;
+    tp_s +=
+        static_cast<double>(m.count) *
+        (links.seconds(m.op, c.tp, static_cast<double>(m.bytes) / static_cast<double>(m.count), tp_across) +
+         links.blocking_penalty_s);
+  }
+  c.compute_s = acc * (fwd + bwd);
+  c.comm.clear();
+  if (tp_s > 0) c.comm["tp"] = acc * tp_s;
+
+  // this rank's gradients, packed as the engine packs them: reverse registration order (backward's)
+  const parallel::Strategy s = parallel::parse_strategy(c.strategy);
+  const bool zero3 = s == parallel::Strategy::kZero3 || s == parallel::Strategy::kHybridShard;
+  std::vector<int64_t> grads;
+  for (auto it = f.params.rbegin(); it != f.params.rend(); ++it) {
+    const int64_t elems = it->tp_placement == "Replicate()" ? it->numel : (it->numel + c.tp - 1) / c.tp;
+    grads.push_back(elems * f.element_bytes);
+  }
+  const int64_t cap = c.bucket_bytes > 0 ? c.bucket_bytes : kDefaultBucket;
+  // (zero3's units are whole modules up to the size, without data parallel's small first bucket)
+  const std::vector<int64_t> buckets = pack_buckets(grads, zero3 ? cap : kFirstBucket, cap);
+  const double P = static_cast<double>(f.params_per_rank(c.tp));
+  const int64_t shard_group = s == parallel::Strategy::kHybridShard ? c.shard_size : n;
+  const bool dp_across = topo.world > topo.ranks_per_host;
+  const bool shard_across = shard_group * c.tp > topo.ranks_per_host;
+  double exposed = 0;
+  if (!zero3) {
+    const char* op = s == parallel::Strategy::kDataParallel ? "all_reduce" : "reduce_scatter";
+    const Reduction r = over_buckets(links, op, n, buckets, 1, dp_across);
+    c.comm["gradients"] = r.total;
+    exposed += r.last + hidden_rest(r.total - r.last, bwd, overlap);
+    if (s != parallel::Strategy::kDataParallel) {  // zero1/2: the updated shards gathered after the step
+      const Reduction g = over_buckets(links, "all_gather", n, buckets, 1, dp_across);
+      c.comm["parameter all-gather"] = g.total;
+      exposed += g.total;
+    }
+  } else {
+    const Reduction gather = over_buckets(links, "all_gather", shard_group, buckets, 1, shard_across);
+    const Reduction scatter = over_buckets(links, "reduce_scatter", shard_group, buckets, 1, shard_across);
+    double first = 0;
+    if (!buckets.empty())
+      first = links.seconds("all_gather", shard_group, static_cast<double>(buckets.back()), shard_across);
+    c.comm["zero3 gathers"] = 2 * acc * gather.total;
+    c.comm["gradients"] = scatter.total;
+    exposed += acc * (first + hidden_rest(gather.total - first, fwd, overlap));
+    exposed += (acc - 1) * hidden_rest(gather.total, bwd, overlap);
+    exposed += scatter.last + hidden_rest(gather.total + scatter.total - scatter.last, bwd, overlap);
+    // (no blocking penalty: the gathers are prefetched, one unit ahead, and the reduce-scatters are waited
+    // for once, before the step)
+    if (s == parallel::Strategy::kHybridShard && n / shard_group > 1) {
+      const Reduction rep = over_buckets(links, "all_reduce", n / shard_group, buckets,
+                                         static_cast<double>(shard_group), dp_across);
+      c.comm["hsdp replicas"] = rep.total;
+      exposed += rep.total;  // (after each unit's reduce-scatter; counted whole)
+    }
+  }
+  if (c.sequence_parallel && c.tp > 1) {  // the parameters left whole: their gradients summed once a step
+    double whole = 0;
+    for (const auto& p : f.params) {
+      if (p.tp_placement == "Replicate()") whole += static_cast<double>(p.numel * f.element_bytes);
+    }
+    const double t = links.seconds("all_reduce", c.tp, whole, tp_across);
+    c.comm["tp"] += t;
+    tp_s += t / acc;
+  }
+  const double stepped = s == parallel::Strategy::kDataParallel ? P : P / static_cast<double>(shard_group);
+  c.optimizer_s = compute.optimizer_s(stepped);
+  c.comm_s = 0;
+  for (const auto& [k, v] : c.comm) c.comm_s += v;
+  c.exposed_comm_s = exposed + acc * tp_s;
+  c.strategy_overhead_s = 0;
+  c.predicted_step_s = c.compute_s + c.optimizer_s + c.exposed_comm_s;
+
+  // memory
+  const double eb = static_cast<double>(f.element_bytes);
+  const double unit =
+      zero3 && !buckets.empty() ? static_cast<double>(*std::max_element(buckets.begin(), buckets.end())) : 0;
+  auto formula = [&](int64_t accumulation, double micro_batch) {
+    std::map<std::string, double> m;
+    m["model state"] = model_state_bytes_per_param(s, static_cast<double>(shard_group)) * P * eb / 4.0;
+    if (accumulation > 1) m["accumulated gradients"] = P * eb;
+    if (unit > 0) m["gathered unit"] = unit;
+    m["activations"] = compute.activation_bytes(micro_batch, setting);
+    return m;
+  };
+  auto sum = [](const std::map<std::string, double>& m) {
+    double t = 0;
+    for (const auto& [k, v] : m) t += v;
+    return t;
+  };
+  c.memory = formula(c.accumulation, mb);
+  c.memory["data"] = static_cast<double>(f.data_bytes);
+  // what the strategy's own code adds, from its rehearsal (tp 1: the data-parallel strategies alone)
+  const bool rehearsed = c.tp == 1 && n > 1;
+  const StrategyPoint* r1 =
+      rehearsed ? compute.rehearsal(c.strategy, cap, c.checkpoint_activations, 1) : nullptr;
+  const StrategyPoint* r2 =
+      rehearsed ? compute.rehearsal(c.strategy, cap, c.checkpoint_activations, 2) : nullptr;
+  const StrategyPoint* mine = c.accumulation == 1 ? r1 : r2;
+  if (mine) {
+    c.memory["strategy buffers (rehearsed)"] =
+        static_cast<double>(mine->peak_bytes) -
+        sum(formula(mine->accumulation, static_cast<double>(mine->micro_batch)));
+  }
+  if (r1 && r2) {  // time beyond forward, backward and optimizer: per micro-batch and per step
+    auto over = [&](const StrategyPoint& r) {
+      const double rm = static_cast<double>(r.micro_batch);
+      return r.step_s -
+             static_cast<double>(r.accumulation) *
+                 (compute.forward_s(rm, setting) + compute.backward_s(rm, setting)) -
+             c.optimizer_s;
+    };
+    const double per_micro =
+        std::max(0.0, (over(*r2) - over(*r1)) / static_cast<double>(r2->accumulation - 1));
+    const double per_step = std::max(0.0, over(*r1) - per_micro);
+    c.strategy_overhead_s = acc * per_micro + per_step;
+  }
+  c.predicted_step_s += c.strategy_overhead_s;
+  c.predicted_peak_bytes = sum(c.memory);
+}
+
+}  // namespace dtrain::plan
