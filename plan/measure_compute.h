@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/grad_reduction_options.h"
 #include "parallel/tensor_parallel.h"
 #include "plan/compute_profile.h"
 
@@ -39,7 +40,7 @@ struct ProfileTarget {
 struct RehearsalCase {
   std::string strategy;  // dp, zero1, zero2, zero3
   int64_t group = 2;     // data-parallel ranks
-  int64_t bucket_bytes = int64_t{25} << 20;
+  int64_t bucket_bytes = parallel::GradReductionOptions{}.bucket_bytes;
   bool checkpoint = false;
   int64_t accumulation = 1;
   int64_t micro_batch = 1;

@@ -11,7 +11,6 @@ namespace dtrain::plan {
 
 namespace {
 
-constexpr int64_t kDefaultBucket = int64_t{25} << 20;
 // A candidate fits when its predicted peak with this margin is within the budget: the predictions are
 // within a few percent (bench/RESULTS.md), and a run over its budget is worse than a slower one.
 constexpr double kMemoryMargin = 0.05;
@@ -87,7 +86,7 @@ Plan make_plan(const ModelFacts& f, const ComputeModel& compute, const ClusterPr
       degrees.push_back(t);
   }
   const std::vector<int64_t> buckets =
-      r.bucket_bytes.empty() ? std::vector<int64_t>{kDefaultBucket} : r.bucket_bytes;
+      r.bucket_bytes.empty() ? std::vector<int64_t>{default_bucket_bytes()} : r.bucket_bytes;
   Plan plan;
   for (int64_t tp : degrees) {
     const int64_t n = r.topo.world / tp;

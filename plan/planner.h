@@ -25,7 +25,7 @@ struct PlanRequest {
   std::string budget_source;   // how it was set, for the report
   double overlap = 0;          // step_model.h
   std::string overlap_source;  // where it came from
-  // Gradient bucket sizes for dp, zero1 and zero2 (empty: the default, 25 MiB).
+  // Gradient bucket sizes for dp, zero1 and zero2 (empty: default_bucket_bytes()).
   std::vector<int64_t> bucket_bytes;
   int64_t max_accumulation = 8;
 };

@@ -6,15 +6,13 @@
 #include <string>
 
 #include "core/error.h"
+#include "parallel/data_parallel.h"
 #include "parallel/strategy.h"
 #include "plan/memory_model.h"
 
 namespace dtrain::plan {
 
 namespace {
-
-constexpr int64_t kFirstBucket = int64_t{1} << 20;  // GradReductionOptions::first_bucket_bytes
-constexpr int64_t kDefaultBucket = int64_t{25} << 20;
 
 // Seconds of one collective per bucket, summed; and the last bucket's alone.
 struct Reduction {
@@ -52,12 +50,15 @@ std::vector<int64_t> pack_buckets(const std::vector<int64_t>& bytes, int64_t fir
   return out;
 }
 
+int64_t default_bucket_bytes() { return parallel::with_horovod_env({}).bucket_bytes; }
+
 std::vector<int64_t> zero3_unit_sizes(const ModelFacts& f, int64_t tp) {
-  std::vector<int64_t> out{kDefaultBucket};
+  const int64_t whole = default_bucket_bytes();
+  std::vector<int64_t> out{whole};
   const int64_t eighth = f.params_per_rank(tp) * f.element_bytes / 8;
   int64_t p = 64 << 10;
   while (p * 2 <= eighth) p *= 2;
-  if (p < kDefaultBucket && eighth >= (64 << 10)) out.push_back(p);
+  if (p < whole && eighth >= (64 << 10)) out.push_back(p);
   return out;
 }
 
@@ -92,9 +93,10 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
     const int64_t elems = it->tp_placement == "Replicate()" ? it->numel : (it->numel + c.tp - 1) / c.tp;
     grads.push_back(elems * f.element_bytes);
   }
-  const int64_t cap = c.bucket_bytes > 0 ? c.bucket_bytes : kDefaultBucket;
+  const int64_t cap = c.bucket_bytes > 0 ? c.bucket_bytes : default_bucket_bytes();
+  const int64_t first = parallel::GradReductionOptions{}.first_bucket_bytes;
   // (zero3's units are whole modules up to the size, without data parallel's small first bucket)
-  const std::vector<int64_t> buckets = pack_buckets(grads, zero3 ? cap : kFirstBucket, cap);
+  const std::vector<int64_t> buckets = pack_buckets(grads, zero3 ? cap : first, cap);
   const double P = static_cast<double>(f.params_per_rank(c.tp));
   const int64_t shard_group = s == parallel::Strategy::kHybridShard ? c.shard_size : n;
   const bool dp_across = topo.world > topo.ranks_per_host;

@@ -48,6 +48,10 @@ struct Topology {
 // limit gets a bucket of its own.
 std::vector<int64_t> pack_buckets(const std::vector<int64_t>& bytes, int64_t first, int64_t cap);
 
+// The gradient bucket size a run gets when it names none: the Trainer's (25 MiB, or HOROVOD_FUSION_THRESHOLD;
+// parallel::with_horovod_env).
+int64_t default_bucket_bytes();
+
 // zero3's unit sizes the planner tries: the default (whole modules up to 25 MiB) and about an eighth of a
 // rank's parameter bytes (a power of two, at least 64 KiB), so that a small model is not one unit.
 std::vector<int64_t> zero3_unit_sizes(const ModelFacts& facts, int64_t tp);

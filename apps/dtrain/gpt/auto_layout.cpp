@@ -79,7 +79,7 @@ double time_candidate(const TrainOptions& base, const plan::Candidate& c, const 
 
 }  // namespace
 
-void choose_layout(TrainOptions& o, const comm::BackendPtr& world) {
+void choose_layout(TrainOptions& o, const comm::BackendPtr& world, const TextCorpus& corpus) {
   PlanContext ctx;
   ctx.world = world->group_size();
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
@@ -88,6 +88,7 @@ void choose_layout(TrainOptions& o, const comm::BackendPtr& world) {
   if (ctx.world % ctx.ranks_per_host != 0) ctx.ranks_per_host = ctx.world;
   ctx.backend = world->name();
   ctx.group = world;
+  ctx.corpus = &corpus;
   const GptPlan g = plan_gpt(o, ctx);
   const bool lead = world->group_rank() == 0;
   // rank 0's candidates (its measurements) are every rank's
@@ -112,7 +113,6 @@ void choose_layout(TrainOptions& o, const comm::BackendPtr& world) {
   }
   plan::Candidate chosen = top.front();
   if (o.auto_confirm > 0) {
-    const TextCorpus corpus = load_text(o.data);
     double best = 0;
     for (size_t i = 0; i < top.size(); ++i) {
       if (lead) {

@@ -4,12 +4,14 @@
 // printed for each.
 #pragma once
 
+#include "apps/dtrain/gpt/text_data.h"
 #include "apps/dtrain/gpt/train_gpt.h"
 #include "comm/backend.h"
 
 namespace dtrain::train {
 
 // Collective over `world`: every rank plans; rank 0's choice is every rank's.
-void choose_layout(TrainOptions& o, const comm::BackendPtr& world);
+// `corpus` is the run's (loaded once: the planner counts its bytes, --auto-confirm trains on it).
+void choose_layout(TrainOptions& o, const comm::BackendPtr& world, const TextCorpus& corpus);
 
 }  // namespace dtrain::train

@@ -117,7 +117,8 @@ GptPlan plan_gpt(const TrainOptions& o, const PlanContext& ctx) {
   GptPlan out;
   const parallel::TensorParallelPlan tp_plan = gpt_tensor_parallel_plan(cfg, false);
   const std::vector<int64_t> degrees = tp_degrees(cfg, ctx.world);
-  const TextCorpus corpus = load_text(o.data);
+  const TextCorpus loaded = ctx.corpus ? TextCorpus{} : load_text(o.data);
+  const TextCorpus& corpus = ctx.corpus ? *ctx.corpus : loaded;
   const int64_t data_bytes =
       corpus.train.numel() * corpus.train.element_size() + corpus.val.numel() * corpus.val.element_size();
   {
@@ -168,7 +169,7 @@ GptPlan plan_gpt(const TrainOptions& o, const PlanContext& ctx) {
     mo.smallest_micro_batch = std::max<int64_t>(1, o.batch / (8 * ctx.world));  // (accumulation up to 8)
     if (ctx.world > 1) {  // the data-parallel strategies rehearsed over the world (tp 1)
       const int64_t mb = std::max<int64_t>(1, o.batch / ctx.world / 4);
-      const int64_t buckets = o.bucket_bytes > 0 ? o.bucket_bytes : int64_t{25} << 20;
+      const int64_t buckets = o.bucket_bytes > 0 ? o.bucket_bytes : plan::default_bucket_bytes();
       for (bool ckpt : {false, true}) {
         for (int64_t acc : {1, 2}) {
           for (const char* s : {"dp", "zero1", "zero2"})

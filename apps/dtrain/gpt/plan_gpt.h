@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "apps/dtrain/gpt/text_data.h"
 #include "apps/dtrain/gpt/train_gpt.h"
 #include "comm/backend.h"
 #include "plan/planner.h"
@@ -21,6 +22,8 @@ struct PlanContext {
   // The live world (dtrain train, or dtrain plan inside dtrain run): links and overlap are measured on it
   // when no profile is given or cached. nullptr: planning without ranks.
   comm::BackendPtr group;
+  // The run's corpus when the caller has it loaded (nullptr: plan_gpt loads o.data to count its bytes).
+  const TextCorpus* corpus = nullptr;
 };
 
 struct GptPlan {

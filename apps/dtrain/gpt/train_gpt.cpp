@@ -358,13 +358,14 @@ int train_gpt(const TrainOptions& options) {
   models::GPT gpt(cfg);
   int64_t n_params = 0;
   for (const auto& p : gpt->parameters()) n_params += p.numel();
+  const TextCorpus corpus = load_text(o.data);
   if (o.strategy == "auto") {
     if (o.micro_batch > 0) {
       throw ValueError(
           str_cat("train: --strategy auto chooses the micro-batch and accumulation itself; give ",
                   "the global batch (--batch) and leave out --micro-batch ", o.micro_batch, "."));
     }
-    choose_layout(o, world);
+    choose_layout(o, world, corpus);
   }
   resolve_options(o, world->group_size());
   o.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
@@ -373,7 +374,6 @@ int train_gpt(const TrainOptions& options) {
   if (world->group_rank() == 0) show_config(o);
   const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
   const bool lead = world->group_rank() == 0;
-  TextCorpus corpus = load_text(o.data);
   const int64_t T = cfg.block_size;
   // every window of the training text once per epoch, in an order drawn from the seed and the epoch
   const DistributedSampler sampler(window_count(corpus.train, T), o.batch, o.seed);
