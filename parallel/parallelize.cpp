@@ -1,11 +1,38 @@
 // parallelize(); see parallelize.h.
 #include "parallel/parallelize.h"
 
+#include <algorithm>
+#include <map>
+
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "parallel/detail/strategies.h"
 
 namespace dtrain::parallel {
+
+std::vector<std::string> validate_mesh_order(const ParallelConfig& c) {
+  const Strategy s = parse_strategy(c.strategy);
+  const std::vector<std::string> axes = c.tp > 1 ? std::vector<std::string>{"dp", "tp"}
+                                        : s == Strategy::kHybridShard
+                                            ? std::vector<std::string>{"replicate", "shard"}
+                                            : std::vector<std::string>{};
+  if (c.mesh_order.empty()) return axes;
+  std::vector<std::string> a = axes, b = c.mesh_order;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  if (a != b) {
+    std::string given, want;
+    for (const auto& x : c.mesh_order) given += (given.empty() ? "" : ",") + x;
+    for (const auto& x : axes) want += (want.empty() ? "" : ",") + x;
+    throw ValueError(
+        str_cat("parallelize: mesh order \"", given, "\" does not name this layout's mesh axes (",
+                to_string(s), ", tp ", c.tp, "): ",
+                axes.empty()
+                    ? "it has no mesh (a mesh comes with tp > 1 or hsdp). Leave the order unset."
+                    : str_cat("use a permutation of \"", want, "\", outermost first, e.g. \"", want, "\".")));
+  }
+  return c.mesh_order;
+}
 
 Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
   const Strategy s = parse_strategy(c.strategy);
@@ -32,6 +59,7 @@ Strategy validate_parallel_config(const ParallelConfig& c, int64_t world_size) {
         str_cat("parallelize: hsdp with tp ", c.tp,
                 " is not built (2-d is one data-parallel axis × tp). Use zero3 with tp."));
   }
+  validate_mesh_order(c);
   if (c.materialize && s != Strategy::kZero3 && s != Strategy::kHybridShard) {
     throw ValueError(
         str_cat("parallelize: materialize (values for a module built on the meta device) is for "
@@ -68,10 +96,15 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
   composition_.tp_size = config.tp;
   composition_.world_size = world->group_size();
   // The fixed order: tensor parallel, activation checkpointing, ZeRO or data parallel.
+  const std::vector<std::string> order = validate_mesh_order(config);
+  // The mesh over `group`, its axes in `order`: {outer, inner} of sizes by name.
+  auto make_mesh = [&order](const comm::BackendPtr& group, const std::map<std::string, int64_t>& sizes) {
+    return std::make_shared<mesh::DeviceMesh>(
+        group, std::vector<int64_t>{sizes.at(order[0]), sizes.at(order[1])}, order);
+  };
   if (config.tp > 1) {
     const int64_t n = world->group_size();
-    mesh_ = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / config.tp, config.tp},
-                                               std::vector<std::string>{"dp", "tp"});
+    mesh_ = make_mesh(world, {{"dp", n / config.tp}, {"tp", config.tp}});
     auto tp =
         std::make_unique<detail::TensorParallelStrategy>(module, mesh_->axis_group("tp"), config.tp_plan);
     composition_.tp = &tp->tp;
@@ -82,16 +115,15 @@ Parallelized::Parallelized(torch::nn::Module& module, comm::BackendPtr world, co
     strategies_.push_back(
         std::make_unique<detail::ActivationCheckpointingStrategy>(module, config.activation_checkpointing));
   }
+  dp_group_ = world;
   const int64_t ndp = world->group_size();
   ZeroOptions zero_options(config.reduction);
   zero_options.materialize = config.materialize;
   switch (strategy_) {
     case Strategy::kHybridShard: {
-      // ranks laid out [replicas, shard_size]: a shard group is shard_size consecutive ranks (one host, as a
-      // rule), a replica group the ranks at the same place in each
-      mesh_ = std::make_shared<mesh::DeviceMesh>(
-          world, std::vector<int64_t>{ndp / config.shard_size, config.shard_size},
-          std::vector<std::string>{"replicate", "shard"});
+      // ranks laid out [replicas, shard_size] by default: a shard group is shard_size consecutive ranks (one
+      // host, as a rule), a replica group the ranks at the same place in each
+      mesh_ = make_mesh(world, {{"replicate", ndp / config.shard_size}, {"shard", config.shard_size}});
       strategies_.push_back(
           std::make_unique<detail::ZeroStrategy>(module, mesh_->axis_group("shard"), 3, make, zero_options,
                                                  mesh_->axis_group("replicate"), config.shard_size, ndp));

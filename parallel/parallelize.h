@@ -35,7 +35,16 @@ struct ParallelConfig {
   // nn::ActivationCheckpointable (models::GPT's blocks do); libtorch's C++ modules have no forward hooks to
   // wrap others.
   std::vector<std::string> activation_checkpointing;
+  // The mesh's axes, outermost first; the last axis's groups are consecutive ranks (one host, as a rule), the
+  // first's are strided across hosts. Empty: {"dp", "tp"} with tp > 1, {"replicate", "shard"} under hsdp.
+  // {"tp", "dp"} or {"shard", "replicate"} lays the other axis inside a host (validate_mesh_order).
+  std::vector<std::string> mesh_order;
 };
+
+// The layout's mesh axes, outermost first, in `config.mesh_order` when set: {"dp", "tp"} with tp > 1,
+// {"replicate", "shard"} under hsdp, none otherwise. ValueError naming the order when it is not a
+// permutation of those axes.
+std::vector<std::string> validate_mesh_order(const ParallelConfig& config);
 
 // Checks `config` against the world size before anything is built: the strategy's name, the degrees (tp and
 // shard_size divide the world size; shard_size only with hsdp), and what is not built yet. ValueError or
@@ -96,8 +105,11 @@ class Parallelized {
   void given_tensors_changed();
   // Each strategy's words for the parameter's placement, joined ("Shard(0) over tp 2, Replicate over dp 2").
   std::string placement_of(const std::string& param) const;
-  // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp; null otherwise.
+  // The mesh: [dp, tp] with tp > 1, [replicas, shard_size] under hsdp (axes in ParallelConfig::mesh_order);
+  // null otherwise.
   const std::shared_ptr<mesh::DeviceMesh>& mesh() const { return mesh_; }
+  // The ranks that split the batch (the world with tp 1): this rank's data-parallel index is its group rank.
+  const comm::BackendPtr& data_parallel_group() const { return dp_group_; }
 
  private:
   // The last strategy, which owns the optimizer and its tensors.
@@ -105,6 +117,7 @@ class Parallelized {
 
   Strategy strategy_;
   comm::BackendPtr world_;
+  comm::BackendPtr dp_group_;
   Composition composition_;
   bool deterministic_ = false;
   bool finished_ = false;                   // finish_gradients() ran since the last step

@@ -18,6 +18,9 @@ struct Candidate {
   int64_t accumulation = 1;  // micro-steps per optimizer step
   int64_t bucket_bytes = 0;  // gradient buckets (zero3 and hsdp: the units' size)
   int64_t shard_size = 0;    // hsdp: ranks per ZeRO-3 group
+  // The mesh's axes, outermost first (--mesh-order): "" keeps tp (or hsdp's shard) groups on consecutive
+  // ranks, inside a host; "tp,dp" or "shard,replicate" lays them across hosts, the other axis inside one.
+  std::string mesh_order;
 
   // The prediction, per rank.
   double predicted_step_s = 0;

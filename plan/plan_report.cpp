@@ -38,6 +38,7 @@ std::string candidate_json(const Candidate& c) {
                    {"accumulation", c.accumulation},
                    {"bucket_bytes", c.bucket_bytes},
                    {"shard_size", c.shard_size},
+                   {"mesh_order", c.mesh_order},
                    {"predicted_step_s", c.predicted_step_s},
                    {"predicted_peak_mib", c.predicted_peak_bytes / (1 << 20)},
                    {"fits", c.fits},
@@ -60,13 +61,16 @@ std::string placements(const Candidate& c, const ModelFacts& f, int64_t world) {
   std::string mesh;
   std::string dp_axis;
   if (c.strategy == "hsdp") {
-    mesh = str_cat("replicate=", n / c.shard_size, ", shard=", c.shard_size);
+    mesh = c.mesh_order == "shard,replicate"
+               ? str_cat("shard=", c.shard_size, ", replicate=", n / c.shard_size)
+               : str_cat("replicate=", n / c.shard_size, ", shard=", c.shard_size);
     dp_axis = "replicate: Replicate()  shard: Shard(0)";
   } else {
     mesh = str_cat("dp=", n);
     dp_axis = c.strategy == "zero3" ? "dp: Shard(0)" : "dp: Replicate()";
   }
-  if (c.tp > 1) mesh += str_cat(", tp=", c.tp);
+  if (c.tp > 1)
+    mesh = c.mesh_order == "tp,dp" ? str_cat("tp=", c.tp, ", ", mesh) : str_cat(mesh, ", tp=", c.tp);
   std::string out =
       str_cat("mesh [", mesh, "]; each parameter's placement per axis",
               c.strategy == "zero3" || c.strategy == "hsdp" ? " (Shard(0): flattened, as FSDP)" : "",

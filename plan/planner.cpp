@@ -67,6 +67,10 @@ std::vector<std::string> candidate_flags(const Candidate& c, int64_t batch) {
     f.push_back("--shard-size");
     f.push_back(str_cat(c.shard_size));
   }
+  if (!c.mesh_order.empty()) {
+    f.push_back("--mesh-order");
+    f.push_back(c.mesh_order);
+  }
   if (c.sequence_parallel) f.push_back("--sequence-parallel");
   if (c.checkpoint_activations) f.push_back("--checkpoint-activations");
   return f;
@@ -121,6 +125,15 @@ Plan make_plan(const ModelFacts& f, const ComputeModel& compute, const ClusterPr
               c.shard_size = g;
               c.bucket_bytes = b;
               here.push_back(c);
+            }
+          }
+          // on several hosts, each 2-axis mesh also with its axes the other way round (plan/step_model.h)
+          if (r.topo.world > r.topo.ranks_per_host) {
+            const size_t count = here.size();
+            for (size_t i = 0; i < count; ++i) {
+              Candidate c = here[i];
+              c.mesh_order = c.strategy == "hsdp" ? "shard,replicate" : tp > 1 && n > 1 ? "tp,dp" : "";
+              if (!c.mesh_order.empty()) here.push_back(c);
             }
           }
           for (auto& c : here) {
@@ -188,6 +201,7 @@ std::string Candidate::name() const {
   if (checkpoint_activations) s += " ckpt";
   s += str_cat(" mb", micro_batch, "x", accumulation);
   s += str_cat(strategy == "zero3" || strategy == "hsdp" ? " units " : " buckets ", size_text(bucket_bytes));
+  if (!mesh_order.empty()) s += str_cat(" mesh ", mesh_order);
   return s;
 }
 

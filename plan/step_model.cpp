@@ -72,7 +72,9 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   }
   const double mb = static_cast<double>(c.micro_batch), acc = static_cast<double>(c.accumulation);
   const double fwd = compute.forward_s(mb, setting), bwd = compute.backward_s(mb, setting);
-  const bool tp_across = c.tp > topo.ranks_per_host;
+  // the mesh: [dp, tp] (tp inner unless the order says "tp,dp"), hsdp's [replicate, shard] likewise
+  const bool tp_inner = c.mesh_order != "tp,dp";
+  const bool tp_across = topo.across(tp_inner, c.tp, topo.world);
   double tp_s = 0;
   for (const MeasuredComm& m : compute.tp_collectives(mb, setting)) {
     if (m.count == 0) continue;
@@ -99,8 +101,12 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   const std::vector<int64_t> buckets = pack_buckets(grads, zero3 ? cap : first, cap);
   const double P = static_cast<double>(f.params_per_rank(c.tp));
   const int64_t shard_group = s == parallel::Strategy::kHybridShard ? c.shard_size : n;
-  const bool dp_across = topo.world > topo.ranks_per_host;
-  const bool shard_across = shard_group * c.tp > topo.ranks_per_host;
+  // (hsdp is 1-d in tp: its mesh is over the world)
+  const bool shard_inner =
+      s == parallel::Strategy::kHybridShard ? c.mesh_order != "shard,replicate" : !tp_inner;
+  const bool dp_across = topo.across(c.tp > 1 && !tp_inner, n, topo.world);
+  const bool shard_across = topo.across(shard_inner, shard_group, topo.world);
+  const bool replicas_across = topo.across(!shard_inner, n / shard_group, topo.world);
   double exposed = 0;
   if (!zero3) {
     const char* op = s == parallel::Strategy::kDataParallel ? "all_reduce" : "reduce_scatter";
@@ -127,7 +133,7 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
     // for once, before the step)
     if (s == parallel::Strategy::kHybridShard && n / shard_group > 1) {
       const Reduction rep = over_buckets(links, "all_reduce", n / shard_group, buckets,
-                                         static_cast<double>(shard_group), dp_across);
+                                         static_cast<double>(shard_group), replicas_across);
       c.comm["hsdp replicas"] = rep.total;
       exposed += rep.total;  // (after each unit's reduce-scatter; counted whole)
     }

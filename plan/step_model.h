@@ -41,6 +41,12 @@ struct Topology {
   int64_t world = 1;
   int64_t ranks_per_host = 1;  // consecutive ranks share a host
   int64_t hosts() const { return (world + ranks_per_host - 1) / ranks_per_host; }
+  // Whether a mesh axis's groups span hosts, for a 2-axis mesh over `mesh_ranks` consecutive ranks: the
+  // inner axis's groups are `size` consecutive ranks, the outer's strided by the inner size (the whole mesh).
+  bool across(bool inner, int64_t size, int64_t mesh_ranks) const {
+    if (size <= 1) return false;
+    return inner ? size > ranks_per_host || ranks_per_host % size != 0 : mesh_ranks > ranks_per_host;
+  }
 };
 
 // Sizes of the gradient buckets (or zero3's units) over parameters of `bytes` each, packed in the order

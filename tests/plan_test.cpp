@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "comm/rehearsal.h"
@@ -54,6 +55,7 @@ TEST(MemoryModel, MatchesTheCountedBytesOnAverageOverTheRanks) {
 class KnownCompute : public dtrain::plan::ComputeModel {
  public:
   double f0 = 1e-3, f1 = 1e-3, a1 = 1e6, o = 1e-9;
+  std::vector<dtrain::plan::MeasuredComm> tp_comm;  // with tp > 1, per micro-batch
   double forward_s(double mb, const dtrain::plan::ComputeSetting& s) const override {
     return (f0 + f1 * mb) / static_cast<double>(s.tp);
   }
@@ -63,9 +65,9 @@ class KnownCompute : public dtrain::plan::ComputeModel {
   double activation_bytes(double mb, const dtrain::plan::ComputeSetting& s) const override {
     return a1 * mb * (s.checkpoint ? 0.1 : 1.0) / static_cast<double>(s.tp);
   }
-  std::vector<dtrain::plan::MeasuredComm> tp_collectives(double,
-                                                         const dtrain::plan::ComputeSetting&) const override {
-    return {};
+  std::vector<dtrain::plan::MeasuredComm> tp_collectives(
+      double, const dtrain::plan::ComputeSetting& s) const override {
+    return s.tp > 1 ? tp_comm : std::vector<dtrain::plan::MeasuredComm>{};
   }
   double optimizer_s(double params) const override { return o * params; }
   bool has(const dtrain::plan::ComputeSetting&) const override { return true; }
@@ -198,7 +200,9 @@ TEST(Planner, TheBudgetRulesCandidatesOutAndNoFitIsAnErrorNamingTheSmallest) {
   EXPECT_FALSE(best.strategy == "dp" && !best.checkpoint_activations && best.accumulation == 1);
   for (const auto& c : tight.candidates) {
     EXPECT_EQ(c.fits, c.predicted_peak_bytes * 1.05 <= budget);
-    if (!c.fits) EXPECT_NE(c.reason.find("> budget"), std::string::npos) << c.reason;
+    if (!c.fits) {
+      EXPECT_NE(c.reason.find("> budget"), std::string::npos) << c.reason;
+    }
   }
   try {
     dtrain::plan::make_plan(f, compute, slow_calls, request(2, 8, least * 1.05 - 1));
@@ -347,3 +351,63 @@ TEST(MeasureCompute, ALinearModulesProfileGrowsWithTheMicroBatch) {
 }
 
 }  // namespace
+
+TEST(Topology, AnAxisSpansHostsWhenItsGroupsDo) {
+  const dtrain::plan::Topology two_hosts{4, 2}, one_host{4, 4};
+  EXPECT_FALSE(two_hosts.across(true, 2, 4));   // inner groups {0,1}, {2,3}
+  EXPECT_TRUE(two_hosts.across(false, 2, 4));   // outer groups {0,2}, {1,3}
+  EXPECT_TRUE(two_hosts.across(true, 4, 4));    // one group of all four
+  EXPECT_FALSE(two_hosts.across(false, 1, 4));  // (a group of one spans nothing)
+  EXPECT_FALSE(one_host.across(false, 2, 4));
+  EXPECT_FALSE(one_host.across(true, 4, 4));
+  EXPECT_TRUE((dtrain::plan::Topology{6, 3}.across(true, 2, 6)));  // {2,3} straddles hosts {0,1,2}, {3,4,5}
+}
+
+// Two hosts of 2 ranks, links across them 100 times slower: each 2-axis layout comes in both mesh orders,
+// and the one whose heavier axis stays inside a host is predicted faster, whichever axis that is.
+TEST(Planner, KeepsTheHeavierAxisInsideAHost) {
+  auto f = facts(1 << 16, 8);
+  for (size_t i = 0; i < f.params.size(); i += 2) f.params[i].tp_placement = "Shard(0)";
+  f.tp_degrees = {2};
+  auto two = links(1e-5, 1e-10);
+  two.inter_host.ranks = 4;
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter"})
+    two.inter_host.collectives[op] = {1e-3, 1e-8};
+  auto req = request(4, 8, 1e12);
+  req.topo = {4, 2};
+  for (bool heavy_tp : {true, false}) {
+    KnownCompute compute;
+    compute.f1 = 0.1;  // (compute dominates: tp halves it)
+    // tp's collectives per micro-batch: many large ones, or one small one
+    compute.tp_comm = {{"all_reduce", heavy_tp ? 64 : 1, heavy_tp ? int64_t{64} << 20 : 1024}};
+    const auto plan = dtrain::plan::make_plan(f, compute, two, req);
+    int pairs = 0;
+    for (const auto& c : plan.candidates) {
+      if (c.mesh_order.empty()) continue;
+      EXPECT_TRUE(c.mesh_order == "tp,dp" ? c.tp > 1 : c.strategy == "hsdp") << c.name();
+      const auto it = std::find(c.flags.begin(), c.flags.end(), "--mesh-order");
+      ASSERT_NE(it, c.flags.end());
+      EXPECT_EQ(*(it + 1), c.mesh_order);
+      for (const auto& d : plan.candidates) {  // its twin, tp (or shard) groups on consecutive ranks
+        if (d.mesh_order.empty() && d.name() + " mesh " + c.mesh_order == c.name()) {
+          ++pairs;
+          if (c.tp > 1) {  // heavy tp: tp inside a host wins; light tp: dp's gradients inside win
+            EXPECT_EQ(d.predicted_step_s < c.predicted_step_s, heavy_tp) << d.name();
+          } else {  // hsdp: the shard groups carry 3 collectives of the units, the replicas 1 of a shard
+            EXPECT_LT(d.predicted_step_s, c.predicted_step_s) << d.name();
+          }
+        }
+      }
+    }
+    EXPECT_GT(pairs, 8);
+    // the fastest with tp 2 (the candidates are ranked): tp inside a host when its collectives are heavy
+    const auto best = std::find_if(plan.candidates.begin(), plan.candidates.end(),
+                                   [](const dtrain::plan::Candidate& c) { return c.tp == 2; });
+    ASSERT_NE(best, plan.candidates.end());
+    EXPECT_EQ(best->mesh_order, heavy_tp ? "" : "tp,dp") << best->name();
+  }
+  // one host: nothing to lay out, no twins
+  req.topo = {4, 4};
+  KnownCompute compute;
+  for (const auto& c : dtrain::plan::make_plan(f, compute, two, req).candidates) EXPECT_EQ(c.mesh_order, "");
+}

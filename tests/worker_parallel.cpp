@@ -31,10 +31,11 @@ namespace {
 
 // 20 AdamW steps at `accumulation` micro-batches per step, buckets of `bucket_bytes`, float64; stage 0 is
 // data parallel, 1 and 2 ZeRO.
-// shard_size > 0: hsdp (ZeRO-3 within groups of shard_size ranks, replicated across them).
+// shard_size > 0: hsdp (ZeRO-3 within groups of shard_size ranks, replicated across them), its mesh's axes
+// {"replicate", "shard"} (the shard groups consecutive ranks) or, with `shard_outer`, the other way round.
 void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation, int64_t bucket_bytes,
-                  int64_t shard_size = 0) {
-  const std::string tag = str_cat(shard_size > 0 ? str_cat("hsdp ", shard_size)
+                  int64_t shard_size = 0, bool shard_outer = false) {
+  const std::string tag = str_cat(shard_size > 0 ? str_cat("hsdp ", shard_size, shard_outer ? " strided" : "")
                                   : stage == 0   ? "dp"
                                                  : str_cat("zero", stage),
                                   " accumulation ", accumulation, " buckets ", bucket_bytes, ": ");
@@ -57,8 +58,11 @@ void check_parity(const comm::BackendPtr& world, int stage, int64_t accumulation
     dp = std::make_unique<parallel::DataParallel>(*gpt, world, o);
     opt = adamw(gpt->parameters());
   } else if (shard_size > 0) {
-    mesh = std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / shard_size, shard_size},
-                                              std::vector<std::string>{"replicate", "shard"});
+    mesh = shard_outer
+               ? std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{shard_size, n / shard_size},
+                                                    std::vector<std::string>{"shard", "replicate"})
+               : std::make_shared<mesh::DeviceMesh>(world, std::vector<int64_t>{n / shard_size, shard_size},
+                                                    std::vector<std::string>{"replicate", "shard"});
     zero = std::make_unique<parallel::Zero>(*gpt, mesh->axis_group("shard"), 3, adamw, o,
                                             mesh->axis_group("replicate"));
   } else {
@@ -420,6 +424,7 @@ void suite_hsdp(const comm::BackendPtr& world) {
   if (world->group_size() != 4) throw ValueError("suite hsdp needs 4 ranks");
   check_parity(world, 3, 1, int64_t{25} << 20, 2);
   check_parity(world, 3, 4, 16 << 10, 2);
+  check_parity(world, 3, 4, 16 << 10, 2, true);  // (--mesh-order shard,replicate)
 }
 
 // Overlap: on a simulated link that each collective occupies for `busy`, one after another

@@ -106,12 +106,14 @@ void check_pass_comm(const std::string& tag, const models::GPTConfig& cfg, bool 
 }
 
 // 20 AdamW steps of a small GPT in float64 under `strategy` × tp, accumulation `acc`, against one process.
-void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64_t tp, bool sp, int64_t acc) {
-  const std::string tag =
-      str_cat(strategy, " x tp ", tp, sp ? " + sequence parallel" : "", " accumulation ", acc, ": ");
+// `mesh_order` ("tp,dp": the tp groups strided, ranks {0, 2} and {1, 3} on 4) as ParallelConfig's.
+void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64_t tp, bool sp, int64_t acc,
+               const std::vector<std::string>& mesh_order = {}) {
+  const std::string tag = str_cat(strategy, " x tp ", tp, sp ? " + sequence parallel" : "", " accumulation ",
+                                  acc, mesh_order.empty() ? "" : " mesh tp,dp", ": ");
   const models::GPTConfig cfg = tp_gpt(tp);
   const int64_t B = 8, steps = 20;
-  const int64_t ndp = world->group_size() / tp, dp_rank = world->group_rank() / tp;
+  const int64_t ndp = world->group_size() / tp;
   auto [ref, gpt] = twin_gpts(cfg, at::kDouble);
   const auto adamw = parity_adamw;
   auto ref_opt = adamw(ref->parameters());
@@ -119,7 +121,15 @@ void check_gpt(const comm::BackendPtr& world, const std::string& strategy, int64
   pc.strategy = strategy;
   pc.tp = tp;
   pc.tp_plan = train::gpt_tensor_parallel_plan(cfg, sp);
+  pc.mesh_order = mesh_order;
   auto par = parallel::parallelize(*gpt, world, pc, adamw);
+  const int64_t dp_rank = par->data_parallel_group()->group_rank();
+  const int64_t tp_rank = par->mesh() ? par->mesh()->axis_group("tp")->group_rank() : 0;
+  const int64_t me = world->group_rank();
+  check_true(
+      str_cat(tag, "rank ", me, " is tp rank ", tp_rank, " and dp rank ", dp_rank, " of the mesh's order"),
+      mesh_order.empty() ? dp_rank == me / tp && tp_rank == me % tp
+                         : dp_rank == me % ndp && tp_rank == me / ndp);
   const bool count_comm = strategy == "dp" && ndp == 1;
   ParityLoop loop;
   loop.tag = tag;
@@ -318,6 +328,9 @@ void suite_tp2d(const comm::BackendPtr& world) {
     check_gpt(world, "dp", 2, false, acc);
     check_gpt(world, "zero3", 2, false, acc);
   }
+  // the tp groups strided (across hosts, on a real cluster), the dp groups consecutive
+  check_gpt(world, "dp", 2, false, 4, {"tp", "dp"});
+  check_gpt(world, "zero3", 2, false, 1, {"tp", "dp"});
 }
 
 }  // namespace dtrain::test

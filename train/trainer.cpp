@@ -190,7 +190,6 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
                              ". Choose a divisor of ", ws, "."));
   }
   n_ = ws / o_.tp;
-  me_ = world_->group_rank() / o_.tp;
   parallel::ParallelConfig pc;
   pc.strategy = o_.strategy;
   pc.shard_size = o_.shard_size;
@@ -200,6 +199,11 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   if (o_.bucket_bytes > 0) pc.reduction.bucket_bytes = o_.bucket_bytes;
   pc.reduction.deterministic = o_.deterministic;
   pc.activation_checkpointing = o_.activation_checkpointing;
+  for (size_t at = 0; at < o_.mesh_order.size();) {
+    const size_t end = std::min(o_.mesh_order.find(',', at), o_.mesh_order.size());
+    pc.mesh_order.push_back(o_.mesh_order.substr(at, end - at));
+    at = end + 1;
+  }
   if (!o_.reduce_dtype.empty()) {
     pc.reduction.reduce_dtype = optim::compute_dtype(optim::parse_precision(o_.reduce_dtype));
   }
@@ -257,6 +261,7 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   par_ = parallel::parallelize(model_, world_, pc, mp_->wrap([adamw](std::vector<at::Tensor> tensors) {
     return std::make_unique<torch::optim::AdamW>(tensors, adamw);
   }));
+  me_ = par_->data_parallel_group()->group_rank();  // (its rows of each batch; the mesh order decides)
   if (!loss_rides_ || par_->data_parallel() == nullptr) loss_rides_ = false;
   state_ = std::make_unique<checkpoint::TrainingState>(model_, *par_, mp_.get());
   // libtorch's default generator (dropout, the user's own draws): seeded from the seed and the rank, so that

@@ -52,6 +52,9 @@ struct TrainerOptions {
   parallel::TensorParallelPlan tp_plan;
   int64_t bucket_bytes = 0;
   std::vector<std::string> activation_checkpointing;
+  // The mesh's axes, outermost first, comma-separated (ParallelConfig::mesh_order): "tp,dp" lays the tp
+  // groups across hosts, "shard,replicate" hsdp's shard groups; "" the default, tp or shard inside a host.
+  std::string mesh_order;
   // Bitwise the same parameters at any power-of-2 number of data-parallel ranks (DataParallelOptions).
   bool deterministic = false;
   // Numerics: fp32, bf16 or fp16 with fp32 master weights; fp16: 0 dynamic loss scaling (from

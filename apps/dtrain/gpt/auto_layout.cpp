@@ -30,6 +30,7 @@ plan::Candidate from_json(const std::string& text) {
   c.accumulation = j.at("accumulation").get<int64_t>();
   c.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
   c.shard_size = j.at("shard_size").get<int64_t>();
+  c.mesh_order = j.at("mesh_order").get<std::string>();
   c.predicted_step_s = j.at("predicted_step_s").get<double>();
   c.predicted_peak_bytes = j.at("predicted_peak_mib").get<double>() * (1 << 20);
   return c;

@@ -163,6 +163,11 @@ const std::vector<Entry>& entries() {
     v.push_back(int_key<int64_t>("strategy.shard_size", "--shard-size", 0, 1 << 20,
                                  "hsdp: ranks per ZeRO-3 group (consecutive ranks)",
                                  [](TrainOptions& o) -> int64_t& { return o.shard_size; }));
+    v.push_back(
+        string_key("strategy.mesh_order", "--mesh-order", {},
+                   "The mesh's axes, outermost first: \"tp,dp\" lays the tp groups across hosts, "
+                   "\"shard,replicate\" hsdp's shard groups (\"\": tp, or shard, on consecutive ranks)",
+                   [](TrainOptions& o) -> std::string& { return o.mesh_order; }));
     v.push_back(int_key<int64_t>(
         "strategy.bucket_bytes", "--bucket-bytes", 0, 1e12,
         "Gradient bucket size in bytes, e.g. 25M (0: 25M, or HOROVOD_FUSION_THRESHOLD); under zero3/hsdp "
@@ -296,8 +301,7 @@ const std::vector<Entry>& entries() {
     v.push_back(int_key<int64_t>(
         "plan.memory_budget", "--memory-budget", 0, 1e15,
         "Bytes held by tensors per rank that a plan may use, e.g. 2G (0: the memory free per rank on the "
-        "host, "
-        "less the runtime)",
+        "host, less the runtime)",
         [](TrainOptions& o) -> int64_t& { return o.memory_budget; }, Kind::kBytes));
     v.push_back(
         string_key("plan.profile", "--profile", {},

@@ -97,8 +97,18 @@ plan::ClusterProfile links_for(const TrainOptions& o, const PlanContext& ctx, bo
   plan::LinkProfile& links = across ? p.inter_host : p.intra_host;
   links.ranks = static_cast<int>(ctx.world);
   links.collectives = plan::run_comm_benchmark(*ctx.group, bo, [](const plan::CommBenchRow&) {}).collectives;
-  p.overlap = plan::measure_overlap(*ctx.group);
-  if (across) p.intra_host = p.inter_host;  // (one host's links not measured apart: the slower ones serve)
+  if (across) {  // each host's ranks at once (consecutive ranks share a host), each host's own links
+    const int rank = ctx.group->group_rank(), per = static_cast<int>(ctx.ranks_per_host);
+    const comm::BackendPtr host = ctx.group->split(rank / per, rank % per);
+    p.intra_host.ranks = per;
+    if (per > 1) {
+      p.intra_host.collectives =
+          plan::run_comm_benchmark(*host, bo, [](const plan::CommBenchRow&) {}).collectives;
+    }
+    p.overlap = plan::measure_overlap(per > 1 ? *host : *ctx.group);
+  } else {
+    p.overlap = plan::measure_overlap(*ctx.group);
+  }
   *measured_now = true;
   if (lead) {
     std::error_code ec;
@@ -236,6 +246,7 @@ void apply_candidate(TrainOptions& o, const plan::Candidate& c) {
   o.accumulation_given = true;
   o.bucket_bytes = c.bucket_bytes;
   o.shard_size = c.shard_size;
+  o.mesh_order = c.mesh_order;
 }
 
 int run_plan(const TrainOptions& o, const PlanCommandOptions& p) {

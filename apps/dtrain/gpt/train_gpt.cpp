@@ -147,9 +147,12 @@ void print_layout(const TrainOptions& o, Trainer& t, parallel::Strategy strategy
   const int64_t n = t.data_parallel_size();
   if (o.tp > 1) {
     std::printf(
-        "dtrain train: tensor parallel over %ld ranks%s (mesh dp=%ld x tp=%ld); this rank's parts:\n%s",
-        static_cast<long>(o.tp), o.sequence_parallel ? ", sequence parallel" : "", static_cast<long>(n),
-        static_cast<long>(o.tp), par.tensor_parallel()->describe().c_str());
+        "dtrain train: tensor parallel over %ld ranks%s (mesh %s); this rank's parts:\n%s",
+        static_cast<long>(o.tp), o.sequence_parallel ? ", sequence parallel" : "",
+        (o.mesh_order == "tp,dp" ? str_cat("tp=", o.tp, " x dp=", n, ", tp groups strided across hosts")
+                                 : str_cat("dp=", n, " x tp=", o.tp, ", tp groups on consecutive ranks"))
+            .c_str(),
+        par.tensor_parallel()->describe().c_str());
   }
   const int64_t bucket_bytes =
       o.bucket_bytes > 0 ? o.bucket_bytes : parallel::with_horovod_env({}).bucket_bytes;
@@ -159,7 +162,9 @@ void print_layout(const TrainOptions& o, Trainer& t, parallel::Strategy strategy
       static_cast<long>(n),
       strategy == parallel::Strategy::kDataParallel ? "dp (Horovod-style data parallel)"
       : o.shard_size > 0
-          ? str_cat("hsdp (ZeRO-3 within groups of ", o.shard_size, " ranks, replicated across them)").c_str()
+          ? str_cat("hsdp (ZeRO-3 within groups of ", o.shard_size,
+                    o.mesh_order.empty() ? " consecutive" : " strided", " ranks, replicated across them)")
+                .c_str()
           : str_cat(parallel::to_string(strategy), " (DeepSpeed ZeRO stage ",
                     parallel::to_string(strategy) + 4, ")")
                 .c_str(),
