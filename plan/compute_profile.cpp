@@ -133,7 +133,8 @@ void write_compute_profile(const std::string& path, const ComputeProfile& p) {
                                {"accumulation", r.accumulation},
                                {"micro_batch", r.micro_batch},
                                {"step_s", r.step_s},
-                               {"peak_bytes", r.peak_bytes}});
+                               {"peak_bytes", r.peak_bytes},
+                               {"step_peak_bytes", r.step_peak_bytes}});
   }
   write_text_atomic("compute profile", path, j.dump(2) + "\n");
 }
@@ -188,7 +189,8 @@ ComputeProfile read_compute_profile(const std::string& path) {
       p.strategies.push_back({r.at("strategy").get<std::string>(), r.at("group").get<int64_t>(),
                               r.at("bucket_bytes").get<int64_t>(), r.at("checkpoint").get<bool>(),
                               r.at("accumulation").get<int64_t>(), r.at("micro_batch").get<int64_t>(),
-                              r.at("step_s").get<double>(), r.at("peak_bytes").get<int64_t>()});
+                              r.at("step_s").get<double>(), r.at("peak_bytes").get<int64_t>(),
+                              r.at("step_peak_bytes").get<int64_t>()});
     }
   } catch (const nlohmann::json::exception& e) {
     throw ValueError(

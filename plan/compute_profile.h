@@ -51,8 +51,11 @@ struct StrategyPoint {
   bool checkpoint = false;
   int64_t accumulation = 1;
   int64_t micro_batch = 1;
-  double step_s = 0;       // the fastest of its timed steps
-  int64_t peak_bytes = 0;  // tensors at the step's peak, above what was live before the module was built
+  double step_s = 0;  // the fastest of its timed steps
+  // Tensors at the peak of the step's forward and backward passes, and of its optimizer step, above what was
+  // live before the module was built.
+  int64_t peak_bytes = 0;
+  int64_t step_peak_bytes = 0;
 };
 
 struct ComputeProfile {

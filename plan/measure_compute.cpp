@@ -152,6 +152,7 @@ std::string compute_signature(const ProfileTarget& target, const MeasureOptions&
     h = fnv(h, item.key());
     h = fnv(h, str_cat(item.value().sizes(), at::toString(item.value().scalar_type())));
   }
+  h = fnv(h, "rehearsals v2");  // (their passes' and step's peaks apart)
   h = fnv(h, str_cat("threads ", at::get_num_threads(), " ckpt ", target.checkpoint_patterns.size()));
   for (auto [tp, mb] : opts.largest_micro_batch) h = fnv(h, str_cat(" tp ", tp, " mb ", mb));
   h = fnv(h, str_cat(" smallest ", opts.smallest_micro_batch));
@@ -161,6 +162,7 @@ std::string compute_signature(const ProfileTarget& target, const MeasureOptions&
   }
   if (target.tp_plan) {
     for (bool sp : {false, true}) {
+      if (sp && !target.sequence_parallel) continue;
       for (const auto& [pattern, style] : target.tp_plan(sp).styles) h = fnv(h, str_cat(pattern, sp));
     }
   }
@@ -192,7 +194,7 @@ ComputeProfile measure_compute(const ProfileTarget& t, const MeasureOptions& o) 
   out.threads = at::get_num_threads();
   for (auto [tp, mb] : o.largest_micro_batch) {
     for (bool sp : {false, true}) {
-      if (sp && tp == 1) continue;
+      if (sp && (tp == 1 || !t.sequence_parallel)) continue;
       for (bool ckpt : {false, true}) {
         if (ckpt && t.checkpoint_patterns.empty()) continue;
         measure_setting(t, o, ComputeSetting{tp, sp, ckpt}, start, out);

@@ -32,6 +32,10 @@ struct ProfileTarget {
   std::vector<std::string> checkpoint_patterns;
   // The tensor-parallel plan without and with sequence parallel (null: tensor parallel is not measured).
   std::function<parallel::TensorParallelPlan(bool sequence_parallel)> tp_plan;
+  // tp_plan(true) is a working sequence-parallel plan (the sequence enters the module through a
+  // sequence-parallel or vocabulary-parallel embedding, as the GPT's does): sequence parallel is measured and
+  // planned. False: it is not a candidate.
+  bool sequence_parallel = false;
   // The model and its input, readable ("GPT 4x128, 4 heads, seq 64"): shown, and part of the signature.
   std::string description;
 };

@@ -28,7 +28,8 @@ struct ModelFacts {
   int64_t element_bytes = 4;        // the parameters' dtype
   std::vector<int64_t> tp_degrees;  // the tensor-parallel degrees the model's plan allows (empty: none)
   bool can_checkpoint = false;
-  int64_t data_bytes = 0;  // tensors the run holds besides the model and its step (the dataset)
+  bool can_sequence_parallel = false;  // the tp plan has a working sequence-parallel form
+  int64_t data_bytes = 0;              // tensors the run holds besides the model and its step (the dataset)
   std::optional<TransformerShape> shape;  // for compute counted from the shape (a cluster not here)
 
   int64_t total_params() const;

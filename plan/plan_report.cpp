@@ -56,6 +56,41 @@ std::string candidate_json(const Candidate& c) {
   return j.dump();
 }
 
+Candidate candidate_from_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  Candidate c;
+  try {
+    if (j.is_discarded() || !j.is_object()) throw ValueError("not a JSON object");
+    c.strategy = j.at("strategy").get<std::string>();
+    c.tp = j.at("tp").get<int64_t>();
+    c.sequence_parallel = j.at("sequence_parallel").get<bool>();
+    c.checkpoint_activations = j.at("checkpoint_activations").get<bool>();
+    c.micro_batch = j.at("micro_batch").get<int64_t>();
+    c.accumulation = j.at("accumulation").get<int64_t>();
+    c.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
+    c.shard_size = j.at("shard_size").get<int64_t>();
+    c.mesh_order = j.at("mesh_order").get<std::string>();
+    c.predicted_step_s = j.at("predicted_step_s").get<double>();
+    c.predicted_peak_bytes = j.at("predicted_peak_mib").get<double>() * (1 << 20);
+    c.fits = j.at("fits").get<bool>();
+    c.chosen = j.at("chosen").get<bool>();
+    c.rank = j.at("rank").get<int>();
+    c.reason = j.at("reason").get<std::string>();
+    c.flags = j.at("flags").get<std::vector<std::string>>();
+    c.compute_s = j.at("compute_s").get<double>();
+    c.optimizer_s = j.at("optimizer_s").get<double>();
+    c.comm_s = j.at("comm_s").get<double>();
+    c.exposed_comm_s = j.at("exposed_comm_s").get<double>();
+    c.strategy_overhead_s = j.at("strategy_overhead_s").get<double>();
+    for (const auto& [k, v] : j.at("comm_s_by_cause").items()) c.comm[k] = v.get<double>();
+    for (const auto& [k, v] : j.at("memory_mib").items()) c.memory[k] = v.get<double>() * (1 << 20);
+  } catch (const std::exception& e) {
+    throw ValueError(
+        str_cat("plan: a candidate's JSON cannot be read (", e.what(), "): ", text.substr(0, 200)));
+  }
+  return c;
+}
+
 std::string placements(const Candidate& c, const ModelFacts& f, int64_t world) {
   const int64_t n = world / c.tp;
   std::string mesh;

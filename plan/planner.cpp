@@ -95,7 +95,7 @@ Plan make_plan(const ModelFacts& f, const ComputeModel& compute, const ClusterPr
   for (int64_t tp : degrees) {
     const int64_t n = r.topo.world / tp;
     for (bool sp : {false, true}) {
-      if (sp && tp == 1) continue;
+      if (sp && (tp == 1 || !f.can_sequence_parallel)) continue;
       for (bool ckpt : {false, true}) {
         if (ckpt && !f.can_checkpoint) continue;
         for (int64_t acc = 1; acc <= r.max_accumulation; acc *= 2) {

@@ -159,10 +159,22 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   const double eb = static_cast<double>(f.element_bytes);
   const double unit =
       zero3 && !buckets.empty() ? static_cast<double>(*std::max_element(buckets.begin(), buckets.end())) : 0;
-  auto formula = [&](int64_t accumulation, double micro_batch) {
+  // The peak is the larger of two moments: the forward and backward passes (activations, and a gathered
+  // unit) and the optimizer's step (every gradient, no activations).
+  // Tensor parallel alone (one data-parallel rank): a plain optimizer over the module's parameters. Its
+  // gradients are set to none after each step and accumulate in place, so the passes of a step without
+  // accumulation hold none of them, and accumulation keeps no second copy.
+  const bool plain = n == 1 && c.tp > 1;
+  const double state = model_state_bytes_per_param(s, static_cast<double>(shard_group)) * P * eb / 4.0;
+  auto at_step = [&](int64_t accumulation) {
     std::map<std::string, double> m;
-    m["model state"] = model_state_bytes_per_param(s, static_cast<double>(shard_group)) * P * eb / 4.0;
-    if (accumulation > 1) m["accumulated gradients"] = P * eb;
+    m["model state"] = state;
+    if (accumulation > 1 && !plain) m["accumulated gradients"] = P * eb;
+    return m;
+  };
+  auto at_passes = [&](int64_t accumulation, double micro_batch) {
+    std::map<std::string, double> m = at_step(accumulation);
+    if (plain && accumulation == 1) m["model state"] -= P * eb;
     if (unit > 0) m["gathered unit"] = unit;
     m["activations"] = compute.activation_bytes(micro_batch, setting);
     return m;
@@ -172,9 +184,8 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
     for (const auto& [k, v] : m) t += v;
     return t;
   };
-  c.memory = formula(c.accumulation, mb);
-  c.memory["data"] = static_cast<double>(f.data_bytes);
-  // what the strategy's own code adds, from its rehearsal (tp 1: the data-parallel strategies alone)
+  std::map<std::string, double> passes = at_passes(c.accumulation, mb), stepping = at_step(c.accumulation);
+  // what the strategy's own code adds at each moment, from its rehearsal (tp 1: the data-parallel strategies)
   const bool rehearsed = c.tp == 1 && n > 1;
   const StrategyPoint* r1 =
       rehearsed ? compute.rehearsal(c.strategy, cap, c.checkpoint_activations, 1) : nullptr;
@@ -182,10 +193,14 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
       rehearsed ? compute.rehearsal(c.strategy, cap, c.checkpoint_activations, 2) : nullptr;
   const StrategyPoint* mine = c.accumulation == 1 ? r1 : r2;
   if (mine) {
-    c.memory["strategy buffers (rehearsed)"] =
+    passes["strategy buffers (rehearsed)"] =
         static_cast<double>(mine->peak_bytes) -
-        sum(formula(mine->accumulation, static_cast<double>(mine->micro_batch)));
+        sum(at_passes(mine->accumulation, static_cast<double>(mine->micro_batch)));
+    stepping["step buffers (rehearsed)"] =
+        static_cast<double>(mine->step_peak_bytes) - sum(at_step(mine->accumulation));
   }
+  c.memory = sum(stepping) > sum(passes) ? stepping : passes;
+  c.memory["data"] = static_cast<double>(f.data_bytes);
   if (r1 && r2) {  // time beyond forward, backward and optimizer: per micro-batch and per step
     auto over = [&](const StrategyPoint& r) {
       const double rm = static_cast<double>(r.micro_batch);

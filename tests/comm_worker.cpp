@@ -324,6 +324,8 @@ int main(int argc, char** argv) {
       suite_tp(world);
     } else if (suite == "tp2d") {
       suite_tp2d(world);
+    } else if (suite == "plan-module") {
+      suite_plan_module(world, dir);
     } else if (suite == "clip") {
       suite_clip(world);
     } else if (suite == "matrix") {

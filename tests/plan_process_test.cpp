@@ -2,7 +2,8 @@
 // measures its profiles, caches them and lists every candidate with the fields the issue names; `dtrain
 // train --strategy auto` under a budget that rules dp and zero1 out trains another layout and stays within
 // the budget by its own tensor_peak_mib; missing or bad profiles and impossible budgets are errors naming
-// them; a 1024-rank cluster plans from a profile alone.
+// them; a 1024-rank cluster plans from a profile alone; a module written in C++ plans through plan_module and
+// trains its choice with the Trainer (tests/worker_plan.cpp) at 1 to 4 ranks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,10 +173,28 @@ TEST_F(Plan, AClusterThatIsNotHerePlansFromItsProfile) {
   ASSERT_EQ(r.code, 0) << r.output;
   const auto all = candidates(r.output);
   ASSERT_FALSE(all.empty()) << r.output;
-  bool hsdp = false;
-  for (const auto& c : all) hsdp |= c["strategy"] == "hsdp";
+  bool hsdp = false, twin = false;
+  for (const auto& c : all) {
+    hsdp |= c["strategy"] == "hsdp";
+    twin |= c["mesh_order"] == "shard,replicate";  // (128 hosts: each 2-axis layout in both orders)
+    // the chosen layout keeps its heavy axis inside a host, where NVLink is ~20x the network (the profile)
+    if (c["chosen"] == true) {
+      EXPECT_EQ(c["mesh_order"], "") << c.dump();
+    }
+  }
   EXPECT_TRUE(hsdp) << r.output;
+  EXPECT_TRUE(twin) << r.output;
   EXPECT_NE(r.output.find("counted from the shape"), std::string::npos) << r.output;
+}
+
+// A module written in C++ (tests/worker_plan.cpp): plan::plan_module plans it on the live ranks and the
+// Trainer trains its choice (and at 2 and 4 ranks the fastest tensor-parallel candidate), each step's loss
+// equal to one process's.
+TEST(PlanModule, AUserModulePlansAndTrainsItsChoiceAtOneToFourRanks) {
+  for (int n = 1; n <= 4; ++n) {
+    Job job = run_worker("gloo", n, "plan-module", "60");
+    expect_all_ok(job, n);
+  }
 }
 
 }  // namespace

@@ -157,6 +157,32 @@ TEST(StepModel, TimeIsComputePlusOptimizerPlusExposedCommunication) {
   }
 }
 
+// Tensor parallel alone (one data-parallel rank): a plain optimizer whose gradients are set to none after
+// each step and accumulate in place. Without accumulation the passes hold parameters and AdamW's two moments
+// (12 bytes a parameter) and the activations; with it, the gradients too, once. The optimizer's step holds
+// all 16 bytes and no activations: the peak is the larger moment.
+TEST(StepModel, OneDataParallelRankHoldsItsGradientsOnlyWhenAccumulating) {
+  KnownCompute compute;
+  const auto f = facts(1 << 18, 4);
+  const double P = 4.0 * (1 << 18);
+  for (double a1 : {1e6, 1e7}) {  // activations 1.5e6 (below 4 bytes a parameter) or 1.5e7 bytes a rank
+    compute.a1 = a1;
+    const double act = a1 * 3 / 2;
+    for (int64_t acc : {1, 2, 8}) {
+      dtrain::plan::Candidate c;
+      c.tp = 2;  // (every parameter whole here: each rank holds them all)
+      c.micro_batch = 3;
+      c.accumulation = acc;
+      dtrain::plan::predict(c, f, compute, links(1e-3, 1e-9), {2, 2}, 0.0);
+      const double passes = (acc == 1 ? 12.0 : 16.0) * P + act, step = 16.0 * P;
+      EXPECT_NEAR(c.predicted_peak_bytes, std::max(passes, step), 1)
+          << "accumulation " << acc << " a1 " << a1;
+      EXPECT_EQ(c.memory.count("activations"), passes >= step ? 1u : 0u);
+      EXPECT_EQ(c.memory.count("accumulated gradients"), 0u);
+    }
+  }
+}
+
 TEST(Planner, PicksTheKnownFastestAndRanksTheRest) {
   KnownCompute compute;
   const auto f = facts(1 << 16, 8);

@@ -61,7 +61,9 @@ TEST(Schedule, WarmupThenCosineFollowsItsFormula) {
           const double t =
               span <= 1 ? 1.0 : static_cast<double>(s - warmup - 1) / static_cast<double>(span - 1);
           EXPECT_NEAR(lr, 2e-4 + (3e-3 - 2e-4) * 0.5 * (1 + std::cos(M_PI * t)), 1e-15) << s;
-          if (s > warmup + 1) EXPECT_LE(lr, before) << "the cosine falls, step " << s;
+          if (s > warmup + 1) {
+            EXPECT_LE(lr, before) << "the cosine falls, step " << s;
+          }
         }
         before = lr;
       }

@@ -30,8 +30,13 @@ void check_zero_memory(const comm::BackendPtr& world);
 // parallel at accumulation 1 and 4, 20 steps equal to one process, the collectives of each block; a module
 // written in the test under a plan of its own; the plan's errors.
 void suite_tp(const comm::BackendPtr& world);
-// 2-d at 4 ranks: dp × tp and zero3 × tp on a [2, 2] mesh, the same parity.
+// 2-d at 4 ranks: dp × tp and zero3 × tp on a [2, 2] mesh, the same parity; and with the mesh's axes the
+// other way round (mesh order tp,dp).
 void suite_tp2d(const comm::BackendPtr& world);
+// The planner from C++ (tests/worker_plan.cpp): plan::plan_module for a module written in the test with a
+// tensor-parallel plan of its own, its chosen candidate (and the fastest tp one) trained by the Trainer
+// through train::apply_plan, each step's loss equal to one process's; profiles cached under dir.
+void suite_plan_module(const comm::BackendPtr& world, const std::string& dir);
 // optim::clip_grad_norm (tests/worker_numerics.cpp) under dp, zero1-3, hsdp (4 ranks), tp with and without
 // sequence parallel, dp, zero1 and zero3 × tp (4 ranks): the norm equal to one process's, one all-reduce of 8
 // bytes, 5 steps equal to one process clipping with libtorch.

@@ -25,6 +25,7 @@
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "core/host_memory.h"
 #include "dispatch/tensor_memory.h"
 #include "optim/clip.h"
 #include "optim/mixed_precision.h"
@@ -61,15 +62,6 @@ int64_t deterministic_accumulation(int64_t batch, int64_t dp_ranks) {
         "then at the world sizes it allows)."));
   }
   return k;
-}
-
-double process_memory_mib(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  const std::string prefix = field + ":";
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind(prefix, 0) == 0) return std::atof(line.c_str() + prefix.size()) / 1024.0;
-  }
-  return 0;
 }
 
 void check_trainer_options(const TrainerOptions& o) {

@@ -114,10 +114,6 @@ struct TrainerOptions {
   int64_t tokens_per_sample = 1;
 };
 
-// A memory figure of this process from /proc/self/status ("VmRSS": resident now, "VmHWM": its peak), in MiB;
-// 0 where /proc does not say.
-double process_memory_mib(const std::string& field);
-
 // Deterministic mode's default micro-batch count: the step's batch cut into this many micro-batches of one
 // size gives bitwise the same parameters at every power-of-2 number of data-parallel ranks up to
 // kDeterministicMaxRanks (1, 2, 4, 8), or up to `dp_ranks` when that is larger: each rank sums its own

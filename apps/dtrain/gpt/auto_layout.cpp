@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 
 #include "apps/dtrain/gpt/plan_gpt.h"
 #include "apps/dtrain/gpt/text_data.h"
@@ -18,23 +17,6 @@
 namespace dtrain::train {
 
 namespace {
-
-plan::Candidate from_json(const std::string& text) {
-  const nlohmann::json j = nlohmann::json::parse(text);
-  plan::Candidate c;
-  c.strategy = j.at("strategy").get<std::string>();
-  c.tp = j.at("tp").get<int64_t>();
-  c.sequence_parallel = j.at("sequence_parallel").get<bool>();
-  c.checkpoint_activations = j.at("checkpoint_activations").get<bool>();
-  c.micro_batch = j.at("micro_batch").get<int64_t>();
-  c.accumulation = j.at("accumulation").get<int64_t>();
-  c.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
-  c.shard_size = j.at("shard_size").get<int64_t>();
-  c.mesh_order = j.at("mesh_order").get<std::string>();
-  c.predicted_step_s = j.at("predicted_step_s").get<double>();
-  c.predicted_peak_bytes = j.at("predicted_peak_mib").get<double>() * (1 << 20);
-  return c;
-}
 
 // Steps 3..6 of a short run of `c`: the median seconds a step (collective).
 double time_candidate(const TrainOptions& base, const plan::Candidate& c, const comm::BackendPtr& world,
@@ -92,21 +74,11 @@ void choose_layout(TrainOptions& o, const comm::BackendPtr& world, const TextCor
   ctx.corpus = &corpus;
   const GptPlan g = plan_gpt(o, ctx);
   const bool lead = world->group_rank() == 0;
-  // rank 0's candidates (its measurements) are every rank's
-  const int64_t k = std::max<int64_t>(1, o.auto_confirm);
-  std::string mine;
-  int64_t ranked = 0;
-  for (const auto& c : g.plan.candidates) {
-    if (!c.fits || ranked == k) continue;
-    mine += plan::candidate_json(c) + "\n";
-    ++ranked;
-  }
-  const std::string lead_text = comm::all_gather_text(world, mine)[0];
+  // (the plan is rank 0's on every rank: plan::plan_module agrees on it)
+  const size_t k = static_cast<size_t>(std::max<int64_t>(1, o.auto_confirm));
   std::vector<plan::Candidate> top;
-  for (size_t at = 0; at < lead_text.size();) {
-    const size_t end = lead_text.find('\n', at);
-    top.push_back(from_json(lead_text.substr(at, end - at)));
-    at = end + 1;
+  for (const auto& c : g.plan.candidates) {
+    if (c.fits && top.size() < k) top.push_back(c);
   }
   if (lead) {
     for (const auto& n : g.plan.notes) std::printf("dtrain train: plan: %s\n", n.c_str());

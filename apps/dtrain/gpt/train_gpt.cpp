@@ -22,6 +22,7 @@
 #include "comm/comm_log.h"
 #include "comm/init.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "dispatch/tensor_memory.h"
 #include "mesh/device_mesh.h"
 #include "optim/clip.h"
