@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--plan-args", default="", help="more dtrain plan arguments (e.g. --memory-budget 20M)")
     ap.add_argument("--only", type=int, default=0, help="measure only the top K candidates (0: all)")
+    ap.add_argument("--match", default="", help="measure only the candidates whose name contains this")
     ap.add_argument("--out", default="")
     ap.add_argument("--confirm", type=int, default=3,
                     help="then re-measure the chosen candidate and the K best measured ones in alternating rounds")
@@ -60,6 +61,8 @@ def main():
     cands = [c for c in cands if c["fits"]] + [c for c in cands if not c["fits"]]
     if a.only:
         cands = cands[: a.only]
+    if a.match:
+        cands = [c for c in cands if a.match in c["name"]]
     out = open(a.out, "w") if a.out else None
     print(f"| rank | candidate | predicted ms | measured ms | error | predicted MiB | measured MiB | error |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -79,7 +82,7 @@ def main():
     print(f"\nstep time: median |error| {statistics.median(t_err)*100:.1f}%, largest {max(t_err)*100:.1f}%; "
           f"peak memory: median |error| {statistics.median(m_err)*100:.1f}%, largest {max(m_err)*100:.1f}% "
           f"({len(cands)} candidates, {a.ranks} ranks, steps 10..{a.steps})")
-    if a.confirm and measured:
+    if a.confirm and measured and any(c["chosen"] for c, _ in measured):
         # the choice: the chosen candidate and the best measured ones, re-measured in alternating rounds
         chosen = next(c for c, _ in measured if c["chosen"])
         best = [c for c, _ in sorted(measured, key=lambda x: x[1])[: a.confirm]]

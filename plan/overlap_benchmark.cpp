@@ -86,32 +86,38 @@ double measure_blocking_penalty(const ProfileTarget& t, const comm::BackendPtr& 
                                 const ClusterProfile& links) {
   const int64_t n = group->group_size();
   if (n < 2 || !t.tp_plan) return 0;
-  auto run = [&](const comm::BackendPtr& g, std::vector<comm::CommRecord>* calls) {
-    std::shared_ptr<torch::nn::Module> m = t.build();
-    parallel::TensorParallel tp(*m, g, t.tp_plan(false));
-    t.loss(*m, mb).backward();  // warm-up
-    std::vector<double> s;
-    for (int i = 0; i < 3; ++i) {
-      comm::CommLog::instance().clear();
-      const auto t0 = Clock::now();
-      t.loss(*m, mb).backward();
-      s.push_back(since(t0));
-      if (calls) *calls = comm::CommLog::instance().records();
-    }
-    comm::CommLog::instance().clear();
-    std::sort(s.begin(), s.end());
-    return slowest(*group, s[1]);
+  // the same split on the real group and on a rehearsal group, a pass of each in turn (so that the machine's
+  // drift over the rounds falls on both), the median of the rounds' differences
+  std::shared_ptr<torch::nn::Module> real_m = t.build(), rehearsed_m = t.build();
+  parallel::TensorParallel real_tp(*real_m, group, t.tp_plan(false));
+  parallel::TensorParallel rehearsed_tp(
+      *rehearsed_m, comm::rehearsal_group(static_cast<int>(n), group->group_rank()), t.tp_plan(false));
+  auto pass = [&](torch::nn::Module& m) {
+    const auto t0 = Clock::now();
+    t.loss(m, mb).backward();
+    return slowest(*group, since(t0));
   };
+  pass(*real_m);  // warm-ups
+  pass(*rehearsed_m);
   std::vector<comm::CommRecord> calls;
-  const double real = run(group, &calls);
-  const double rehearsed = run(comm::rehearsal_group(static_cast<int>(n), group->group_rank()), nullptr);
+  std::vector<double> diffs;
+  for (int i = 0; i < 7; ++i) {
+    comm::CommLog::instance().clear();
+    const double real = pass(*real_m);
+    if (calls.empty()) calls = comm::CommLog::instance().records();
+    comm::CommLog::instance().clear();
+    diffs.push_back(real - pass(*rehearsed_m));
+  }
+  comm::CommLog::instance().clear();
+  std::sort(diffs.begin(), diffs.end());
+  const double difference = diffs[diffs.size() / 2];
   if (calls.empty()) return 0;
   double ab = 0;
   for (const auto& r : calls) {
     const double bytes = static_cast<double>(r.kind == comm::StepKind::kAllGather ? r.bytes * n : r.bytes);
     ab += links.seconds(comm::to_string(r.kind), n, bytes, false);
   }
-  return std::max(0.0, (real - rehearsed - ab) / static_cast<double>(calls.size()));
+  return std::max(0.0, (difference - ab) / static_cast<double>(calls.size()));
 }
 
 }  // namespace dtrain::plan
