@@ -29,6 +29,13 @@ struct Candidate {
   double comm_s = 0;               // every collective's alpha-beta time
   double exposed_comm_s = 0;       // of it, what does not hide behind compute
   double strategy_overhead_s = 0;  // the strategy's own work beyond these (rehearsed)
+  // Of exposed_comm_s, what the data-parallel strategy's calls cost in a real step beyond alpha-beta and the
+  // overlap (plan/in_step_costs.h; may be negative: more hidden than the overlap says).
+  double in_step_s = 0;
+  // The collectives in a step that in_step_s and tp's in-step cost are counted over: tp's calls, and the
+  // data-parallel strategy's gradient buckets (dp, zero1, zero2) or units' gathers and reduce-scatters
+  // (zero3).
+  int64_t comm_calls = 0;
   double predicted_peak_bytes = 0;
   std::map<std::string, double> memory;  // the peak's parts: "data", "model state", "activations", ...
   std::map<std::string, double> comm;    // comm_s by what causes it: "gradients", "tp", "zero3 gathers", ...

@@ -5,8 +5,9 @@
 //   {"format": "dtrain-comm-profile", "version": 1, "backend": "gloo", "source": "measured ...",
 //    "ranks": 2, "collectives": {"all_reduce": {"alpha_s": 1.2e-4, "beta_s_per_byte": 9e-10}, ...},
 //    "inter_host": {"ranks": 4, "collectives": {...}},                 (optional: links across hosts)
-//    "overlap": 0.42, "blocking_penalty_s": 4e-4,  (optional: plan/overlap_benchmark.h; measured with the
-//    links) "compute": {"flops_per_s": 3e13, "optimizer_s_per_param": 1e-10}} (optional: without a measured
+//    "overlap": 0.42, "blocking_penalty_s": 4e-4,  (optional: plan/overlap_benchmark.h, and the blocking
+//    calls' cost beyond alpha-beta, plan/in_step_costs.h) "compute": {"flops_per_s": 3e13,
+//    "optimizer_s_per_param": 1e-10}} (optional: without a measured
 //                                                                       compute profile)
 //
 // "collectives" were measured with every rank on one host; "inter_host" over ranks on several hosts (the
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "comm/cost_model.h"
+#include "plan/in_step_costs.h"
 
 namespace dtrain::plan {
 
@@ -38,7 +40,12 @@ struct ClusterProfile {
   double optimizer_s_per_param = 0;  // optimizer step per parameter, with flops_per_s
   double memory_bytes = 0;           // memory a rank has for tensors (a device's), with flops_per_s
   double overlap = -1;               // plan/overlap_benchmark.h (< 0: not measured)
-  double blocking_penalty_s = 0;  // plan/overlap_benchmark.h: per blocking call in a step (0: not measured)
+  // Per blocking (tensor-parallel) call in a step, beyond alpha-beta, where no in-step costs were measured
+  // (0: none). Read from the file for a cluster that is not here.
+  double blocking_penalty_s = 0;
+  // This model's in-step costs on these links (plan/in_step_costs.h): not part of the file; plan_module sets
+  // them from their own cache.
+  InStepCosts in_step;
 
   // Seconds of one collective `op` moving `bytes` per rank (all_reduce's buffer, all_gather's output,
   // reduce_scatter's input) over `n` ranks; `across_hosts`: the group spans hosts. 0 for n == 1. ValueError

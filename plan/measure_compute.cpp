@@ -152,7 +152,7 @@ std::string compute_signature(const ProfileTarget& target, const MeasureOptions&
     h = fnv(h, item.key());
     h = fnv(h, str_cat(item.value().sizes(), at::toString(item.value().scalar_type())));
   }
-  h = fnv(h, "rehearsals v2");  // (their passes' and step's peaks apart)
+  h = fnv(h, "rehearsals v3");  // (paired by accumulation; their passes' and step's peaks apart)
   h = fnv(h, str_cat("threads ", at::get_num_threads(), " ckpt ", target.checkpoint_patterns.size()));
   for (auto [tp, mb] : opts.largest_micro_batch) h = fnv(h, str_cat(" tp ", tp, " mb ", mb));
   h = fnv(h, str_cat(" smallest ", opts.smallest_micro_batch));

@@ -10,21 +10,10 @@
 #pragma once
 
 #include "comm/backend.h"
-#include "plan/cluster_profile.h"
-#include "plan/measure_compute.h"
 
 namespace dtrain::plan {
 
 // Collective over `group` (every rank calls it; at least 2 ranks). About a second.
 double measure_overlap(comm::Backend& group);
-
-// What a blocking collective costs inside a real step beyond its alpha-beta time (the ranks' drift each one
-// makes the faster rank wait out, the communication threads' turns on shared cores): the module's
-// tensor-parallel split run on `group`'s real collectives against the same run on a rehearsal group, the
-// difference less the calls' alpha-beta time, per call (>= 0; the slowest rank's): the median of 7 rounds of
-// one pass on each, in turn. Collective over `group` (its size is the tp degree); 16 forward and backward
-// passes of `micro_batch` samples in all.
-double measure_blocking_penalty(const ProfileTarget& target, const comm::BackendPtr& group,
-                                int64_t micro_batch, const ClusterProfile& links);
 
 }  // namespace dtrain::plan

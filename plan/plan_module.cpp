@@ -16,6 +16,7 @@
 #include "parallel/meta_device.h"
 #include "plan/comm_benchmark.h"
 #include "plan/compute_model.h"
+#include "plan/measure_in_step.h"
 #include "plan/overlap_benchmark.h"
 #include "plan/plan_report.h"
 #include "plan/step_model.h"
@@ -85,7 +86,8 @@ ClusterProfile links_for(const ModulePlanRequest& r, bool* measured_now) {
 
 // The compute: counted from the shape when the links' profile carries a compute rate, else measured (cached).
 std::unique_ptr<ComputeModel> compute_for(const ModulePlanRequest& r, const ModelFacts& facts,
-                                          const ClusterProfile& links, const std::vector<int64_t>& degrees) {
+                                          const ClusterProfile& links, const std::vector<int64_t>& degrees,
+                                          std::string* signature) {
   if (links.flops_per_s > 0) {
     if (!facts.shape) {
       throw ValueError(str_cat("plan: profile ", links.path, " carries a compute rate (a cluster not here), ",
@@ -122,8 +124,61 @@ std::unique_ptr<ComputeModel> compute_for(const ModulePlanRequest& r, const Mode
   const std::string dir = default_cache_dir();
   ComputeProfile profile = cached_compute_profile(r.target, mo, dir, &measured);
   at::set_num_threads(threads_before);
+  *signature = profile.signature;
   return measured_compute(std::move(profile),
                           measured ? "measured now, cached in " + dir : "cached in " + dir);
+}
+
+// This model's in-step costs on these links (plan/in_step_costs.h): cached beside the compute profile,
+// measured on the live ranks when missing (rank 0's view of the cache decides for all). A note says which.
+InStepCosts in_step_for(const ModulePlanRequest& r, const std::string& signature, const ModelFacts& facts,
+                        const ComputeModel& compute, const ClusterProfile& links, double overlap,
+                        const std::vector<int64_t>& degrees, std::string* note) {
+  const int64_t buckets = r.bucket_bytes > 0 ? r.bucket_bytes : default_bucket_bytes();
+  const std::string key =
+      str_cat(signature, "-", r.backend, "-", r.world, "r", r.ranks_per_host, "-b", r.batch, "-", buckets);
+  const std::string path = str_cat(default_cache_dir(), "/in-step-", key, ".json");
+  auto cached = [&] {
+    if (!std::filesystem::exists(path)) return false;
+    try {
+      return read_in_step_costs(path).key == key;
+    } catch (const ValueError&) {
+      return false;
+    }
+  };
+  bool have = false;
+  if (r.group && r.group->group_size() > 1) {
+    have = comm::all_gather_text(r.group, cached() ? "cached" : "missing")[0] == "cached";
+  } else {
+    have = cached();
+  }
+  if (have) {
+    *note = str_cat("in-step costs: cached in ", path);
+    return read_in_step_costs(path);
+  }
+  if (!r.group || r.group->group_size() != r.world) {
+    *note =
+        str_cat("in-step costs: none (they are measured on live ranks: run the plan inside `dtrain run -n ",
+                r.world, "`); tensor parallel's calls take the profile's blocking_penalty_s (",
+                links.blocking_penalty_s, " s)");
+    return {};
+  }
+  InStepRequest q;
+  q.target = &r.target;
+  q.world = r.group;
+  q.facts = &facts;
+  q.compute = &compute;
+  q.links = links;
+  q.topo = {r.world, r.ranks_per_host};
+  q.overlap = overlap;
+  q.batch = r.batch;
+  q.tp_degrees = degrees;
+  q.bucket_bytes = buckets;
+  InStepCosts c = measure_in_step(q);
+  c.key = key;
+  if (r.group->group_rank() == 0) write_in_step_costs(path, c);
+  *note = str_cat("in-step costs: measured now in ", c.measured_s, " s, cached in ", path);
+  return c;
 }
 
 // Every rank takes rank 0's plan (its measurements) or its error, so that all run the same layout: the
@@ -194,17 +249,8 @@ ModulePlan plan_module(const ModulePlanRequest& r) {
   out.facts.can_sequence_parallel = r.target.sequence_parallel && !degrees.empty();
   bool links_measured = false;
   ClusterProfile links = links_for(r, &links_measured);
-  if (links_measured && !degrees.empty()) {
-    // the cost of a blocking collective in this model's step, on the real ranks (cached with the links)
-    const int64_t t = degrees.back();
-    const comm::BackendPtr tp_group =
-        t == r.world ? r.group
-                     : r.group->split(static_cast<int>(r.group->group_rank() / t), r.group->group_rank());
-    links.blocking_penalty_s =
-        measure_blocking_penalty(r.target, tp_group, std::max<int64_t>(1, r.batch * t / r.world / 2), links);
-    if (r.group->group_rank() == 0) write_cluster_profile(links.path, links);
-  }
-  const std::unique_ptr<ComputeModel> compute = compute_for(r, out.facts, links, degrees);
+  std::string signature;
+  const std::unique_ptr<ComputeModel> compute = compute_for(r, out.facts, links, degrees, &signature);
 
   PlanRequest p;
   p.topo = {r.world, r.ranks_per_host};
@@ -232,6 +278,10 @@ ModulePlan plan_module(const ModulePlanRequest& r) {
     p.overlap_source = "not in the profile: no overlap assumed (measure it with dtrain bench comm --profile)";
   }
   if (r.bucket_bytes > 0) p.bucket_bytes = {r.bucket_bytes};
+  std::string in_step_note;
+  if (links.flops_per_s == 0 && r.world > 1) {
+    links.in_step = in_step_for(r, signature, out.facts, *compute, links, p.overlap, degrees, &in_step_note);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
   try {
@@ -239,6 +289,7 @@ ModulePlan plan_module(const ModulePlanRequest& r) {
   } catch (const ValueError& e) {
     error = e.what();
   }
+  if (!in_step_note.empty()) out.plan.notes.push_back(in_step_note);
   out.plan.notes.push_back(str_cat(
       "planned ", out.plan.candidates.size(), " candidates in ",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s (profiles aside)"));

@@ -51,6 +51,8 @@ std::string candidate_json(const Candidate& c) {
                    {"comm_s", c.comm_s},
                    {"exposed_comm_s", c.exposed_comm_s},
                    {"strategy_overhead_s", c.strategy_overhead_s},
+                   {"in_step_s", c.in_step_s},
+                   {"comm_calls", c.comm_calls},
                    {"comm_s_by_cause", comm},
                    {"memory_mib", mem}};
   return j.dump();
@@ -82,6 +84,8 @@ Candidate candidate_from_json(const std::string& text) {
     c.comm_s = j.at("comm_s").get<double>();
     c.exposed_comm_s = j.at("exposed_comm_s").get<double>();
     c.strategy_overhead_s = j.at("strategy_overhead_s").get<double>();
+    c.in_step_s = j.value("in_step_s", 0.0);
+    c.comm_calls = j.value("comm_calls", int64_t{0});
     for (const auto& [k, v] : j.at("comm_s_by_cause").items()) c.comm[k] = v.get<double>();
     for (const auto& [k, v] : j.at("memory_mib").items()) c.memory[k] = v.get<double>() * (1 << 20);
   } catch (const std::exception& e) {

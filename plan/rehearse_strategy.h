@@ -16,8 +16,9 @@
 
 namespace dtrain::plan {
 
-// One warm-up step and two timed ones of each case (one when a step takes over half a second); appended to
-// out.strategies.
+// One warm-up step of each case, then rounds of one timed step of each, the cases that differ only in
+// accumulation on one module in turn (two rounds at least, more while they take under 0.6 s, six at most);
+// each case's fastest step is kept. Appended to out.strategies.
 void rehearse_strategies(const ProfileTarget& target, const std::vector<RehearsalCase>& cases,
                          ComputeProfile& out);
 

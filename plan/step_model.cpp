@@ -75,13 +75,18 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   // the mesh: [dp, tp] (tp inner unless the order says "tp,dp"), hsdp's [replicate, shard] likewise
   const bool tp_inner = c.mesh_order != "tp,dp";
   const bool tp_across = topo.across(tp_inner, c.tp, topo.world);
+  // each blocking call's in-step cost beyond alpha-beta: measured for this model (plan/in_step_costs.h), else
+  // the profile's blocking penalty
+  const double tp_penalty =
+      links.in_step.per_call(c.sequence_parallel ? "tp sp" : "tp", 0, mb).value_or(links.blocking_penalty_s);
   double tp_s = 0;
+  int64_t tp_calls = 0;
   for (const MeasuredComm& m : compute.tp_collectives(mb, setting)) {
     if (m.count == 0) continue;
-    tp_s +=
-        static_cast<double>(m.count) *
-        (links.seconds(m.op, c.tp, static_cast<double>(m.bytes) / static_cast<double>(m.count), tp_across) +
-         links.blocking_penalty_s);
+    const double ab =
+        links.seconds(m.op, c.tp, static_cast<double>(m.bytes) / static_cast<double>(m.count), tp_across);
+    tp_s += static_cast<double>(m.count) * std::max(0.0, ab + tp_penalty);
+    tp_calls += m.count;
   }
   c.compute_s = acc * (fwd + bwd);
   c.comm.clear();
@@ -108,15 +113,17 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   const bool shard_across = topo.across(shard_inner, shard_group, topo.world);
   const bool replicas_across = topo.across(!shard_inner, n / shard_group, topo.world);
   double exposed = 0;
+  int64_t calls = 0;  // the data-parallel strategy's collectives in a step
   if (!zero3) {
     const char* op = s == parallel::Strategy::kDataParallel ? "all_reduce" : "reduce_scatter";
     const Reduction r = over_buckets(links, op, n, buckets, 1, dp_across);
     c.comm["gradients"] = r.total;
     exposed += r.last + hidden_rest(r.total - r.last, bwd, overlap);
+    calls = static_cast<int64_t>(buckets.size());
     if (s != parallel::Strategy::kDataParallel) {  // zero1/2: the updated shards gathered after the step
       const Reduction g = over_buckets(links, "all_gather", n, buckets, 1, dp_across);
       c.comm["parameter all-gather"] = g.total;
-      exposed += g.total;
+      exposed += g.total;  // (its calls follow the step's wait for the gradients: no drift to wait out)
     }
   } else {
     const Reduction gather = over_buckets(links, "all_gather", shard_group, buckets, 1, shard_across);
@@ -130,14 +137,27 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
     exposed += (acc - 1) * hidden_rest(gather.total, bwd, overlap);
     exposed += scatter.last + hidden_rest(gather.total + scatter.total - scatter.last, bwd, overlap);
     // (no blocking penalty: the gathers are prefetched, one unit ahead, and the reduce-scatters are waited
-    // for once, before the step)
+    // for once, before the step; what they cost beyond this is zero3's in-step cost, below)
+    const auto units = static_cast<int64_t>(buckets.size());
+    calls = c.accumulation * 2 * units + units;
     if (s == parallel::Strategy::kHybridShard && n / shard_group > 1) {
       const Reduction rep = over_buckets(links, "all_reduce", n / shard_group, buckets,
                                          static_cast<double>(shard_group), replicas_across);
       c.comm["hsdp replicas"] = rep.total;
       exposed += rep.total;  // (after each unit's reduce-scatter; counted whole)
+      calls += units;
     }
   }
+  // what these calls cost in a real step beyond the model above, measured for this model (in_step_costs.h;
+  // dp's figure, per gradient bucket, serves zero1 and zero2)
+  c.in_step_s = 0;
+  if (n <= 1) calls = 0;  // (one data-parallel rank communicates nothing)
+  if (n > 1) {
+    if (const auto per = links.in_step.per_call(zero3 ? "zero3" : "dp", cap, mb))
+      c.in_step_s = *per * static_cast<double>(calls);
+  }
+  exposed = std::max(0.0, exposed + c.in_step_s);
+  c.comm_calls = calls + c.accumulation * tp_calls;
   if (c.sequence_parallel && c.tp > 1) {  // the parameters left whole: their gradients summed once a step
     double whole = 0;
     for (const auto& p : f.params) {

@@ -11,9 +11,12 @@
 //                     under it) and again in backward, where the last micro-batch's reduce-scatters join
 //                     them (all but the last run under it); prefetched one unit ahead, they pay no
 //                     blocking penalty;
-//   tp                blocking: never hidden, and each call also costs the links' blocking penalty (what a
-//                     blocking collective costs inside a real step beyond its alpha-beta time, measured in
-//                     situ: plan/overlap_benchmark.h).
+//   tp                blocking: never hidden.
+// Each call also costs what it costs inside a real step beyond all this (the ranks' drift, the communication
+// threads' turns on shared cores): this model's in-step cost per call, measured for each family of calls (tp,
+// tp with sequence parallel, dp's buckets, zero3's units) at two micro-batch sizes and read as a line
+// through them (links.in_step, plan/in_step_costs.h); without it, tp's calls pay the profile's blocking
+// penalty and the others nothing.
 // Of communication that runs under compute, `overlap` x the shorter of the two is hidden: `overlap` (0..1)
 // is what this machine achieves (plan/overlap_benchmark.h, measured with the links, not fitted to the runs
 // it predicts).

@@ -1,7 +1,7 @@
 // Unit tier: plan/'s pieces against their formulas: the memory model against the bytes counted one tensor at
 // a time (fp32 AdamW: weights, gradients and two moments, each sharded or not by the strategy); buckets, the
 // step model and the planner's choice on synthetic profiles whose answer is known; the profiles' files and
-// their errors; the rehearsal group; a compute profile of a small module.
+// their errors; the in-step costs' line; the rehearsal group; a compute profile of a small module.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
@@ -13,6 +13,7 @@
 #include "core/balanced_split.h"
 #include "core/error.h"
 #include "plan/cluster_profile.h"
+#include "plan/in_step_costs.h"
 #include "plan/measure_compute.h"
 #include "plan/memory_model.h"
 #include "plan/planner.h"
@@ -180,6 +181,86 @@ TEST(StepModel, OneDataParallelRankHoldsItsGradientsOnlyWhenAccumulating) {
       EXPECT_EQ(c.memory.count("activations"), passes >= step ? 1u : 0u);
       EXPECT_EQ(c.memory.count("accumulated gradients"), 0u);
     }
+  }
+}
+
+// In-step costs: a line between the measured micro-batch sizes, the nearest end's figure beyond them, the
+// unit size nearest by ratio; the files round-trip and a bad one is named.
+TEST(InStepCosts, ALineBetweenTheMeasuredSizesOfTheNearestUnit) {
+  dtrain::plan::InStepCosts c;
+  c.key = "k";
+  c.points = {{"zero3", 256 << 10, 1, 63, 1e-3},
+              {"zero3", 256 << 10, 8, 63, 8e-3},
+              {"zero3", 25 << 20, 1, 3, 5e-3},
+              {"tp", 0, 2, 20, 2e-3}};
+  for (double mb : {1.0, 2.0, 4.5, 8.0}) EXPECT_NEAR(*c.per_call("zero3", 300 << 10, mb), mb * 1e-3, 1e-12);
+  EXPECT_NEAR(*c.per_call("zero3", 256 << 10, 16), 8e-3, 1e-12);
+  EXPECT_NEAR(*c.per_call("zero3", 256 << 10, 0.5), 1e-3, 1e-12);
+  EXPECT_NEAR(*c.per_call("zero3", 20 << 20, 4), 5e-3, 1e-12);  // one point: its figure
+  EXPECT_NEAR(*c.per_call("tp", 0, 7), 2e-3, 1e-12);
+  EXPECT_FALSE(c.per_call("dp", 1 << 20, 4).has_value());
+  const std::string path = testing::TempDir() + "in_step_test.json";
+  dtrain::plan::write_in_step_costs(path, c);
+  const auto back = dtrain::plan::read_in_step_costs(path);
+  EXPECT_EQ(back.key, "k");
+  ASSERT_EQ(back.points.size(), c.points.size());
+  EXPECT_NEAR(*back.per_call("zero3", 256 << 10, 4.5), 4.5e-3, 1e-12);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("{\"format\": \"dtrain-in-step-costs\", \"key\": 3}", f);
+  std::fclose(f);
+  try {
+    dtrain::plan::read_in_step_costs(path);
+    ADD_FAILURE() << "a bad file was read";
+  } catch (const dtrain::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
+// Each family's in-step cost per call adds to the exposed communication over that family's calls: dp's
+// gradient buckets (zero1 and zero2 too, not their all-gather), zero3's gathers in every micro-batch's
+// forward and backward and its reduce-scatters, tp's calls in place of the profile's blocking penalty.
+TEST(StepModel, InStepCostsAddPerCallOverTheirFamilysCalls) {
+  KnownCompute compute;
+  compute.tp_comm = {{"all_reduce", 6, 6 << 10}};
+  const auto f = facts(1 << 18, 4);  // 4 parameters of 1 MiB: dp buckets of 1 MiB, 2 MiB, 1 MiB
+  for (const char* strategy : {"dp", "zero1", "zero2", "zero3"}) {
+    for (int64_t acc : {1, 3}) {
+      for (double per : {2e-4, -1e-2}) {
+        dtrain::plan::Candidate a;
+        a.strategy = strategy;
+        a.micro_batch = 2;
+        a.accumulation = acc;
+        a.bucket_bytes = 2 << 20;  // (zero3: units of 2 MiB: 2 of them)
+        dtrain::plan::Candidate b = a;
+        auto with = links(1e-3, 1e-9);
+        dtrain::plan::predict(a, f, compute, with, {2, 2}, 0.0);
+        const std::string family = std::string(strategy) == "zero3" ? "zero3" : "dp";
+        with.in_step.points = {{family, 2 << 20, 1, 1, per}};
+        dtrain::plan::predict(b, f, compute, with, {2, 2}, 0.0);
+        const int64_t calls = family == "zero3" ? acc * 2 * 2 + 2 : 3;
+        EXPECT_EQ(b.comm_calls, calls) << strategy;
+        EXPECT_NEAR(b.in_step_s, per * static_cast<double>(calls), 1e-12) << strategy;
+        EXPECT_NEAR(b.exposed_comm_s, std::max(0.0, a.exposed_comm_s + b.in_step_s), 1e-12) << strategy;
+        EXPECT_NEAR(b.predicted_step_s - a.predicted_step_s, b.exposed_comm_s - a.exposed_comm_s, 1e-12);
+      }
+    }
+  }
+  for (int64_t acc : {1, 2}) {  // tp: each call alpha-beta + its in-step cost (or the profile's penalty)
+    dtrain::plan::Candidate a;
+    a.tp = 2;
+    a.micro_batch = 4;
+    a.accumulation = acc;
+    dtrain::plan::Candidate b = a;
+    auto with = links(1e-3, 1e-9);
+    with.blocking_penalty_s = 5e-4;
+    dtrain::plan::predict(a, f, compute, with, {2, 2}, 0.0);
+    with.in_step.points = {{"tp", 0, 4, 6, 3e-3}};
+    dtrain::plan::predict(b, f, compute, with, {2, 2}, 0.0);
+    const double ab = 1e-3 + 1e-9 * (1 << 10);  // 1 KiB each, bus factor 2 (n - 1) / n = 1
+    EXPECT_NEAR(a.comm.at("tp"), static_cast<double>(acc) * 6 * (ab + 5e-4), 1e-12);
+    EXPECT_NEAR(b.comm.at("tp"), static_cast<double>(acc) * 6 * (ab + 3e-3), 1e-12);
+    EXPECT_EQ(b.comm_calls, acc * 6);
   }
 }
 
