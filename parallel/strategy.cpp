@@ -60,4 +60,19 @@ Strategy parse_strategy(const std::string& name) {
               "zero2, zero3 (DeepSpeed ZeRO stages; also fsdp = zero3) or hsdp."));
 }
 
+std::vector<std::string> parse_mesh_order(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    out.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+bool groups_strided(const std::string& text) {
+  const std::vector<std::string> axes = parse_mesh_order(text);
+  return !axes.empty() && (axes.front() == "tp" || axes.front() == "shard");
+}
+
 }  // namespace dtrain::parallel

@@ -26,4 +26,14 @@ Strategy parse_strategy(const std::string& name);
 // Every canonical name, in table order.
 std::vector<std::string> strategy_names();
 
+// The orders that lay tp's (or hsdp's shard) groups strided across hosts, the other axis inside one, in the
+// comma-separated form of `dtrain train --mesh-order` (parallel/parallelize.h, ParallelConfig::mesh_order).
+inline constexpr char kTpGroupsStrided[] = "tp,dp";
+inline constexpr char kShardGroupsStrided[] = "shard,replicate";
+// "tp,dp" as {"tp", "dp"}; "" as none (the default order).
+std::vector<std::string> parse_mesh_order(const std::string& text);
+// Whether a comma-separated order puts tp (or hsdp's shard axis) outermost, its groups strided across hosts.
+// "" and the default orders: false.
+bool groups_strided(const std::string& text);
+
 }  // namespace dtrain::parallel

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "parallel/strategy.h"
 
 namespace dtrain::plan {
 
@@ -100,7 +101,7 @@ std::string placements(const Candidate& c, const ModelFacts& f, int64_t world) {
   std::string mesh;
   std::string dp_axis;
   if (c.strategy == "hsdp") {
-    mesh = c.mesh_order == "shard,replicate"
+    mesh = parallel::groups_strided(c.mesh_order)
                ? str_cat("shard=", c.shard_size, ", replicate=", n / c.shard_size)
                : str_cat("replicate=", n / c.shard_size, ", shard=", c.shard_size);
     dp_axis = "replicate: Replicate()  shard: Shard(0)";
@@ -109,7 +110,8 @@ std::string placements(const Candidate& c, const ModelFacts& f, int64_t world) {
     dp_axis = c.strategy == "zero3" ? "dp: Shard(0)" : "dp: Replicate()";
   }
   if (c.tp > 1)
-    mesh = c.mesh_order == "tp,dp" ? str_cat("tp=", c.tp, ", ", mesh) : str_cat(mesh, ", tp=", c.tp);
+    mesh = parallel::groups_strided(c.mesh_order) ? str_cat("tp=", c.tp, ", ", mesh)
+                                                  : str_cat(mesh, ", tp=", c.tp);
   std::string out =
       str_cat("mesh [", mesh, "]; each parameter's placement per axis",
               c.strategy == "zero3" || c.strategy == "hsdp" ? " (Shard(0): flattened, as FSDP)" : "",

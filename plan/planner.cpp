@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "parallel/strategy.h"
 #include "plan/memory_model.h"
 
 namespace dtrain::plan {
@@ -132,7 +133,9 @@ Plan make_plan(const ModelFacts& f, const ComputeModel& compute, const ClusterPr
             const size_t count = here.size();
             for (size_t i = 0; i < count; ++i) {
               Candidate c = here[i];
-              c.mesh_order = c.strategy == "hsdp" ? "shard,replicate" : tp > 1 && n > 1 ? "tp,dp" : "";
+              c.mesh_order = c.strategy == "hsdp" ? parallel::kShardGroupsStrided
+                             : tp > 1 && n > 1    ? parallel::kTpGroupsStrided
+                                                  : "";
               if (!c.mesh_order.empty()) here.push_back(c);
             }
           }

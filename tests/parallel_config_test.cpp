@@ -36,6 +36,19 @@ TEST(StrategyNames, CanonicalNamesAndAliases) {
   }
 }
 
+// --mesh-order's comma-separated form: its axes in order, and whether tp's (or hsdp's shard) groups are the
+// strided, outermost axis.
+TEST(MeshOrder, ParsedInOrderAndStridedOnlyWhenTpOrShardComesFirst) {
+  EXPECT_TRUE(dtrain::parallel::parse_mesh_order("").empty());
+  EXPECT_EQ(dtrain::parallel::parse_mesh_order("tp,dp"), (std::vector<std::string>{"tp", "dp"}));
+  EXPECT_EQ(dtrain::parallel::parse_mesh_order("replicate,shard"),
+            (std::vector<std::string>{"replicate", "shard"}));
+  for (const char* strided : {dtrain::parallel::kTpGroupsStrided, dtrain::parallel::kShardGroupsStrided})
+    EXPECT_TRUE(dtrain::parallel::groups_strided(strided)) << strided;
+  for (const char* inner : {"", "dp,tp", "replicate,shard"})
+    EXPECT_FALSE(dtrain::parallel::groups_strided(inner)) << inner;
+}
+
 TEST(ParallelConfig, DegreesAreCheckedUpFront) {
   ParallelConfig c;
   EXPECT_EQ(validate_parallel_config(c, 3), Strategy::kDataParallel);

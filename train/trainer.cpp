@@ -191,11 +191,7 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   if (o_.bucket_bytes > 0) pc.reduction.bucket_bytes = o_.bucket_bytes;
   pc.reduction.deterministic = o_.deterministic;
   pc.activation_checkpointing = o_.activation_checkpointing;
-  for (size_t at = 0; at < o_.mesh_order.size();) {
-    const size_t end = std::min(o_.mesh_order.find(',', at), o_.mesh_order.size());
-    pc.mesh_order.push_back(o_.mesh_order.substr(at, end - at));
-    at = end + 1;
-  }
+  pc.mesh_order = parallel::parse_mesh_order(o_.mesh_order);
   if (!o_.reduce_dtype.empty()) {
     pc.reduction.reduce_dtype = optim::compute_dtype(optim::parse_precision(o_.reduce_dtype));
   }

@@ -147,13 +147,13 @@ void print_layout(const TrainOptions& o, Trainer& t, parallel::Strategy strategy
   parallel::Parallelized& par = t.parallelized();
   const int64_t n = t.data_parallel_size();
   if (o.tp > 1) {
-    std::printf(
-        "dtrain train: tensor parallel over %ld ranks%s (mesh %s); this rank's parts:\n%s",
-        static_cast<long>(o.tp), o.sequence_parallel ? ", sequence parallel" : "",
-        (o.mesh_order == "tp,dp" ? str_cat("tp=", o.tp, " x dp=", n, ", tp groups strided across hosts")
-                                 : str_cat("dp=", n, " x tp=", o.tp, ", tp groups on consecutive ranks"))
-            .c_str(),
-        par.tensor_parallel()->describe().c_str());
+    std::printf("dtrain train: tensor parallel over %ld ranks%s (mesh %s); this rank's parts:\n%s",
+                static_cast<long>(o.tp), o.sequence_parallel ? ", sequence parallel" : "",
+                (parallel::groups_strided(o.mesh_order)
+                     ? str_cat("tp=", o.tp, " x dp=", n, ", tp groups strided across hosts")
+                     : str_cat("dp=", n, " x tp=", o.tp, ", tp groups on consecutive ranks"))
+                    .c_str(),
+                par.tensor_parallel()->describe().c_str());
   }
   const int64_t bucket_bytes =
       o.bucket_bytes > 0 ? o.bucket_bytes : parallel::with_horovod_env({}).bucket_bytes;
@@ -162,13 +162,13 @@ void print_layout(const TrainOptions& o, Trainer& t, parallel::Strategy strategy
       "accumulation %ld\n",
       static_cast<long>(n),
       strategy == parallel::Strategy::kDataParallel ? "dp (Horovod-style data parallel)"
-      : o.shard_size > 0
-          ? str_cat("hsdp (ZeRO-3 within groups of ", o.shard_size,
-                    o.mesh_order.empty() ? " consecutive" : " strided", " ranks, replicated across them)")
-                .c_str()
-          : str_cat(parallel::to_string(strategy), " (DeepSpeed ZeRO stage ",
-                    parallel::to_string(strategy) + 4, ")")
-                .c_str(),
+      : o.shard_size > 0                            ? str_cat("hsdp (ZeRO-3 within groups of ", o.shard_size,
+                                   parallel::groups_strided(o.mesh_order) ? " strided" : " consecutive",
+                                                              " ranks, replicated across them)")
+                               .c_str()
+                         : str_cat(parallel::to_string(strategy), " (DeepSpeed ZeRO stage ",
+                                   parallel::to_string(strategy) + 4, ")")
+                               .c_str(),
       par.bucket_count(), static_cast<double>(bucket_bytes) / (1 << 20), static_cast<long>(o.accumulation));
   if (o.checkpoint_activations) {
     std::printf("dtrain train: activation checkpointing: each of the %ld blocks recomputed in backward\n",
