@@ -12,9 +12,11 @@
 
 namespace dtrain::plan {
 
-std::optional<double> InStepCosts::per_call(const std::string& family, int64_t unit_bytes,
-                                            double micro_batch) const {
-  // the unit size measured nearest (by ratio) to the one asked for
+namespace {
+
+// The unit size of `family`'s points nearest `unit_bytes` by ratio (exact for 0); nullopt: no point.
+std::optional<int64_t> nearest_unit(const std::vector<InStepPoint>& points, const std::string& family,
+                                    int64_t unit_bytes) {
   double best = -1;
   int64_t unit = 0;
   for (const auto& p : points) {
@@ -29,10 +31,20 @@ std::optional<double> InStepCosts::per_call(const std::string& family, int64_t u
     }
   }
   if (best < 0) return std::nullopt;
+  return unit;
+}
+
+}  // namespace
+
+std::optional<double> InStepCosts::per_call(const std::string& family, int64_t unit_bytes,
+                                            double micro_batch) const {
+  const auto unit = nearest_unit(points, family, unit_bytes);
+  if (!unit) return std::nullopt;
   std::vector<const InStepPoint*> ps;
   for (const auto& p : points) {
-    if (p.family == family && p.unit_bytes == unit) ps.push_back(&p);
+    if (p.family == family && p.unit_bytes == *unit && p.accumulation == 1) ps.push_back(&p);
   }
+  if (ps.empty()) return std::nullopt;
   std::sort(ps.begin(), ps.end(), [](auto* a, auto* b) { return a->micro_batch < b->micro_batch; });
   if (ps.size() == 1) return ps[0]->per_call_s;
   // beyond the measured sizes, the nearest end's figure (a line through two noisy points would amplify
@@ -47,12 +59,29 @@ std::optional<double> InStepCosts::per_call(const std::string& family, int64_t u
   return y0 + (y1 - y0) * (micro_batch - x0) / (x1 - x0);
 }
 
+std::optional<double> InStepCosts::per_micro_batch(const std::string& family, int64_t unit_bytes) const {
+  const auto unit = nearest_unit(points, family, unit_bytes);
+  if (!unit) return std::nullopt;
+  for (const auto& two : points) {
+    if (two.family != family || two.unit_bytes != *unit || two.accumulation != 2) continue;
+    for (const auto& one : points) {
+      if (one.family == family && one.unit_bytes == *unit && one.accumulation == 1 &&
+          one.micro_batch == two.micro_batch) {
+        return two.per_call_s * static_cast<double>(two.calls) -
+               one.per_call_s * static_cast<double>(one.calls);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 void write_in_step_costs(const std::string& path, const InStepCosts& c) {
   nlohmann::json pts = nlohmann::json::array();
   for (const auto& p : c.points) {
     pts.push_back({{"family", p.family},
                    {"unit_bytes", p.unit_bytes},
                    {"micro_batch", p.micro_batch},
+                   {"accumulation", p.accumulation},
                    {"calls", p.calls},
                    {"per_call_s", p.per_call_s}});
   }
@@ -86,10 +115,13 @@ InStepCosts read_in_step_costs(const std::string& path) {
       q.family = p.at("family").get<std::string>();
       q.unit_bytes = p.at("unit_bytes").get<int64_t>();
       q.micro_batch = p.at("micro_batch").get<int64_t>();
+      q.accumulation = p.value("accumulation", int64_t{1});
       q.calls = p.at("calls").get<int64_t>();
       q.per_call_s = p.at("per_call_s").get<double>();
-      if (q.micro_batch < 1 || !std::isfinite(q.per_call_s)) {
-        throw ValueError(str_cat("micro_batch ", q.micro_batch, ", per_call_s ", q.per_call_s));
+      if (q.micro_batch < 1 || q.accumulation < 1 || q.calls < 1 || !std::isfinite(q.per_call_s)) {
+        throw ValueError(str_cat("micro_batch ", q.micro_batch, ", accumulation ", q.accumulation, ", calls ",
+                                 q.calls, ", per_call_s ", q.per_call_s,
+                                 ": counts must be >= 1, seconds finite"));
       }
       c.points.push_back(q);
     }

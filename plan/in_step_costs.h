@@ -19,7 +19,8 @@ struct InStepPoint {
   std::string family;
   int64_t unit_bytes = 0;  // zero3: the units' size; dp: the buckets'; tp: 0
   int64_t micro_batch = 1;
-  int64_t calls = 0;  // the calls of the measured step
+  int64_t accumulation = 1;  // dp, zero3: also at 2, at the smaller size (its micro-batches' own cost)
+  int64_t calls = 0;         // the calls of the measured step
   double per_call_s =
       0;  // the step's real time less its rehearsal and less the model's communication, per call
 };
@@ -30,10 +31,13 @@ struct InStepCosts {
   double measured_s = 0;  // the time the measurement took
 
   bool empty() const { return points.empty(); }
-  // Seconds per call of `family` at `micro_batch`: the points of the unit size nearest `unit_bytes` (in
-  // ratio), a line between the measured micro-batch sizes around `micro_batch` (beyond them, the nearest
-  // one's figure). nullopt: no point of that family.
+  // Seconds per call of `family` at `micro_batch`, in steps of one micro-batch: the points of the unit size
+  // nearest `unit_bytes` (in ratio), a line between the measured micro-batch sizes around `micro_batch`
+  // (beyond them, the nearest one's figure). nullopt: no point of that family.
   std::optional<double> per_call(const std::string& family, int64_t unit_bytes, double micro_batch) const;
+  // What each micro-batch beyond the first adds, in seconds a step: the step at accumulation 2 less the
+  // step at accumulation 1, at the size measured both ways (unit size nearest `unit_bytes`). nullopt: none.
+  std::optional<double> per_micro_batch(const std::string& family, int64_t unit_bytes) const;
 };
 
 // Written whole to a temporary file and renamed over `path`.

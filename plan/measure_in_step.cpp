@@ -83,7 +83,8 @@ void measure_tp(const InStepRequest& r, InStepCosts& out) {
         priced += r.links.seconds(comm::to_string(c.kind), deg, bytes, false);
       }
       const auto n = static_cast<int64_t>(p.calls.size());
-      out.points.push_back({sp ? "tp sp" : "tp", 0, mb, n, (p.difference - priced) / static_cast<double>(n)});
+      out.points.push_back(
+          {sp ? "tp sp" : "tp", 0, mb, 1, n, (p.difference - priced) / static_cast<double>(n)});
     }
   }
 }
@@ -108,11 +109,19 @@ void measure_data_parallel(const InStepRequest& r, InStepCosts& out) {
     std::shared_ptr<torch::nn::Module> real_m = t.build(), rehearsed_m = t.build();
     auto real_par = parallel::parallelize(*real_m, r.world, pc, adamw);
     auto rehearsed_par = parallel::parallelize(*rehearsed_m, comm::rehearsal_group(n), pc, adamw);
-    for (int64_t mb : two_sizes(std::max<int64_t>(1, r.batch / n))) {
-      auto step = [&](torch::nn::Module& m, parallel::Parallelized& par) {
+    // accumulation 1 at both sizes; 2 at the smaller one (what each further micro-batch adds)
+    const std::vector<int64_t> sizes = two_sizes(std::max<int64_t>(1, r.batch / n));
+    std::vector<std::pair<int64_t, int64_t>> points;
+    for (int64_t mb : sizes) points.emplace_back(mb, 1);
+    points.emplace_back(sizes.front(), 2);
+    for (const auto& [mb, acc] : points) {
+      auto step = [&, mb = mb, acc = acc](torch::nn::Module& m, parallel::Parallelized& par) {
         const auto t0 = Clock::now();
         par.zero_grad();
-        t.loss(m, mb).backward();
+        for (int64_t k = 0; k < acc; ++k) {
+          par.set_requires_gradient_sync(k == acc - 1);
+          (t.loss(m, mb) / static_cast<double>(acc)).backward();
+        }
         par.step();
         return slowest_seconds(*r.world, since(t0));
       };
@@ -123,10 +132,11 @@ void measure_data_parallel(const InStepRequest& r, InStepCosts& out) {
       Candidate c;
       c.strategy = strategy;
       c.micro_batch = mb;
+      c.accumulation = acc;
       c.bucket_bytes = bytes;
       predict(c, *r.facts, *r.compute, links, r.topo, r.overlap);
       if (c.comm_calls <= 0) continue;
-      out.points.push_back({strategy, bytes, mb, c.comm_calls,
+      out.points.push_back({strategy, bytes, mb, acc, c.comm_calls,
                             (p.difference - c.exposed_comm_s) / static_cast<double>(c.comm_calls)});
     }
   }

@@ -8,7 +8,8 @@
 //   dp, zero3   over the whole world at tp 1, a whole step (forward, backward, optimizer) at accumulation 1:
 //               dp with the run's buckets (its figure serves zero1 and zero2), zero3 at each unit size the
 //               planner tries;
-// each at two micro-batch sizes: the largest a candidate of it uses and an eighth of that.
+// each at two micro-batch sizes, the largest a candidate of it uses and an eighth of that; dp and zero3 also
+// at accumulation 2 at the smaller size, for what each further micro-batch adds.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,7 @@ struct InStepRequest {
   int64_t bucket_bytes = 0;         // dp's buckets (0: the default)
   int rounds = 5;                   // the fewest pairs of steps per point, after one warm-up pair
   int max_rounds = 15;              // the most: more while the point has taken under point_s
-  double point_s = 2.0;
+  double point_s = 1.5;
 };
 
 // Collective over r.world (2 ranks or more); every rank returns the same figures (each time is the slowest

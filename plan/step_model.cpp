@@ -73,7 +73,7 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   const double mb = static_cast<double>(c.micro_batch), acc = static_cast<double>(c.accumulation);
   const double fwd = compute.forward_s(mb, setting), bwd = compute.backward_s(mb, setting);
   // the mesh: [dp, tp] (tp inner unless the order says "tp,dp"), hsdp's [replicate, shard] likewise
-  const bool tp_inner = c.mesh_order != "tp,dp";
+  const bool tp_inner = !parallel::groups_strided(c.mesh_order);
   const bool tp_across = topo.across(tp_inner, c.tp, topo.world);
   // each blocking call's in-step cost beyond alpha-beta: measured for this model (plan/in_step_costs.h), else
   // the profile's blocking penalty
@@ -108,7 +108,7 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
   const int64_t shard_group = s == parallel::Strategy::kHybridShard ? c.shard_size : n;
   // (hsdp is 1-d in tp: its mesh is over the world)
   const bool shard_inner =
-      s == parallel::Strategy::kHybridShard ? c.mesh_order != "shard,replicate" : !tp_inner;
+      s == parallel::Strategy::kHybridShard ? !parallel::groups_strided(c.mesh_order) : !tp_inner;
   const bool dp_across = topo.across(c.tp > 1 && !tp_inner, n, topo.world);
   const bool shard_across = topo.across(shard_inner, shard_group, topo.world);
   const bool replicas_across = topo.across(!shard_inner, n / shard_group, topo.world);
@@ -149,12 +149,20 @@ void predict(Candidate& c, const ModelFacts& f, const ComputeModel& compute, con
     }
   }
   // what these calls cost in a real step beyond the model above, measured for this model (in_step_costs.h;
-  // dp's figure, per gradient bucket, serves zero1 and zero2)
+  // dp's figure, per gradient bucket, serves zero1 and zero2): per call in a step of one micro-batch, plus
+  // what each further micro-batch adds where that was measured (else per call over all of them)
   c.in_step_s = 0;
   if (n <= 1) calls = 0;  // (one data-parallel rank communicates nothing)
   if (n > 1) {
-    if (const auto per = links.in_step.per_call(zero3 ? "zero3" : "dp", cap, mb))
-      c.in_step_s = *per * static_cast<double>(calls);
+    const char* family = zero3 ? "zero3" : "dp";
+    if (const auto per = links.in_step.per_call(family, cap, mb)) {
+      const auto more = links.in_step.per_micro_batch(family, cap);
+      const auto units = static_cast<int64_t>(buckets.size());
+      const int64_t calls_of_one = zero3 ? calls - (c.accumulation - 1) * 2 * units : calls;
+      // (a further micro-batch's calls add to a step; a negative difference is the two steps' noise)
+      c.in_step_s = more ? *per * static_cast<double>(calls_of_one) + (acc - 1) * std::max(0.0, *more)
+                         : *per * static_cast<double>(calls);
+    }
   }
   exposed = std::max(0.0, exposed + c.in_step_s);
   c.comm_calls = calls + c.accumulation * tp_calls;

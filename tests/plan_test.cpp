@@ -189,16 +189,21 @@ TEST(StepModel, OneDataParallelRankHoldsItsGradientsOnlyWhenAccumulating) {
 TEST(InStepCosts, ALineBetweenTheMeasuredSizesOfTheNearestUnit) {
   dtrain::plan::InStepCosts c;
   c.key = "k";
-  c.points = {{"zero3", 256 << 10, 1, 63, 1e-3},
-              {"zero3", 256 << 10, 8, 63, 8e-3},
-              {"zero3", 25 << 20, 1, 3, 5e-3},
-              {"tp", 0, 2, 20, 2e-3}};
+  c.points = {{"zero3", 256 << 10, 1, 1, 63, 1e-3},
+              {"zero3", 256 << 10, 8, 1, 63, 8e-3},
+              {"zero3", 256 << 10, 1, 2, 105, 2e-3},
+              {"zero3", 25 << 20, 1, 1, 3, 5e-3},
+              {"tp", 0, 2, 1, 20, 2e-3}};
   for (double mb : {1.0, 2.0, 4.5, 8.0}) EXPECT_NEAR(*c.per_call("zero3", 300 << 10, mb), mb * 1e-3, 1e-12);
   EXPECT_NEAR(*c.per_call("zero3", 256 << 10, 16), 8e-3, 1e-12);
   EXPECT_NEAR(*c.per_call("zero3", 256 << 10, 0.5), 1e-3, 1e-12);
   EXPECT_NEAR(*c.per_call("zero3", 20 << 20, 4), 5e-3, 1e-12);  // one point: its figure
   EXPECT_NEAR(*c.per_call("tp", 0, 7), 2e-3, 1e-12);
   EXPECT_FALSE(c.per_call("dp", 1 << 20, 4).has_value());
+  // each micro-batch beyond the first: the step at accumulation 2 less the step at 1, at the same size
+  EXPECT_NEAR(*c.per_micro_batch("zero3", 200 << 10), 105 * 2e-3 - 63 * 1e-3, 1e-12);
+  EXPECT_FALSE(c.per_micro_batch("zero3", 25 << 20).has_value());
+  EXPECT_FALSE(c.per_micro_batch("tp", 0).has_value());
   const std::string path = testing::TempDir() + "in_step_test.json";
   dtrain::plan::write_in_step_costs(path, c);
   const auto back = dtrain::plan::read_in_step_costs(path);
@@ -236,13 +241,26 @@ TEST(StepModel, InStepCostsAddPerCallOverTheirFamilysCalls) {
         auto with = links(1e-3, 1e-9);
         dtrain::plan::predict(a, f, compute, with, {2, 2}, 0.0);
         const std::string family = std::string(strategy) == "zero3" ? "zero3" : "dp";
-        with.in_step.points = {{family, 2 << 20, 1, 1, per}};
+        const int64_t calls_one =
+            family == "zero3" ? 6 : 3;  // (a step of one micro-batch: the measured calls)
+        with.in_step.points = {{family, 2 << 20, 1, 1, calls_one, per}};
         dtrain::plan::predict(b, f, compute, with, {2, 2}, 0.0);
         const int64_t calls = family == "zero3" ? acc * 2 * 2 + 2 : 3;
         EXPECT_EQ(b.comm_calls, calls) << strategy;
         EXPECT_NEAR(b.in_step_s, per * static_cast<double>(calls), 1e-12) << strategy;
         EXPECT_NEAR(b.exposed_comm_s, std::max(0.0, a.exposed_comm_s + b.in_step_s), 1e-12) << strategy;
         EXPECT_NEAR(b.predicted_step_s - a.predicted_step_s, b.exposed_comm_s - a.exposed_comm_s, 1e-12);
+        // measured at accumulation 2 as well: a step of one micro-batch's calls, plus what each further
+        // micro-batch adds
+        const int64_t calls_two = family == "zero3" ? 2 * 2 * 2 + 2 : 3;
+        with.in_step.points.push_back({family, 2 << 20, 1, 2, calls_two, 3 * per});
+        dtrain::plan::Candidate d = a;
+        dtrain::plan::predict(d, f, compute, with, {2, 2}, 0.0);
+        const double more = 3 * per * static_cast<double>(calls_two) - per * static_cast<double>(calls_one);
+        EXPECT_NEAR(d.in_step_s,
+                    per * static_cast<double>(calls_one) + static_cast<double>(acc - 1) * std::max(0.0, more),
+                    1e-12)
+            << strategy;
       }
     }
   }
@@ -255,7 +273,7 @@ TEST(StepModel, InStepCostsAddPerCallOverTheirFamilysCalls) {
     auto with = links(1e-3, 1e-9);
     with.blocking_penalty_s = 5e-4;
     dtrain::plan::predict(a, f, compute, with, {2, 2}, 0.0);
-    with.in_step.points = {{"tp", 0, 4, 6, 3e-3}};
+    with.in_step.points = {{"tp", 0, 4, 1, 6, 3e-3}};
     dtrain::plan::predict(b, f, compute, with, {2, 2}, 0.0);
     const double ab = 1e-3 + 1e-9 * (1 << 10);  // 1 KiB each, bus factor 2 (n - 1) / n = 1
     EXPECT_NEAR(a.comm.at("tp"), static_cast<double>(acc) * 6 * (ab + 5e-4), 1e-12);
