@@ -290,6 +290,8 @@ WorkPtr Backend::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
   } else if (group_size() == 1) {
     out.copy_(in);
     w = std::make_shared<CompletedWork>(info);
+  } else if (opts.input_is_scratch) {
+    w = do_reduce_scatter_scratch(out, in, counts, op, info);
   } else if (equal) {
     w = do_reduce_scatter(out, in, op, info);
   } else {
@@ -298,6 +300,13 @@ WorkPtr Backend::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
   bool divide = opts.op == ReduceOp::kAvg && group_size() > 1;
   return accounted(finish(w, copy_back, divide ? out : at::Tensor(), group_size()), StepKind::kReduceScatter,
                    input, group_size());
+}
+
+WorkPtr Backend::do_reduce_scatter_scratch(at::Tensor& output, at::Tensor& input,
+                                           const std::vector<int64_t>& counts, ReduceOp op, OpInfo info) {
+  bool equal = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
+  if (equal) return do_reduce_scatter(output, input, op, std::move(info));
+  return do_reduce_scatter_v(output, input, counts, op, std::move(info));
 }
 
 WorkPtr Backend::all_gather(at::Tensor& output, const at::Tensor& input, const AllGatherOptions& opts) {

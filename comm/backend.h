@@ -99,6 +99,10 @@ class Backend : public std::enable_shared_from_this<Backend> {
                                     OpInfo info) = 0;
   virtual WorkPtr do_reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                                       const std::vector<int64_t>& counts, ReduceOp op, OpInfo info) = 0;
+  // The same, where the input may be overwritten (ReduceScatterOptions::input_is_scratch): by default
+  // do_reduce_scatter_v.
+  virtual WorkPtr do_reduce_scatter_scratch(at::Tensor& output, at::Tensor& input,
+                                            const std::vector<int64_t>& counts, ReduceOp op, OpInfo info);
   virtual WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, OpInfo info) = 0;
   virtual WorkPtr do_all_gather_v(at::Tensor& output, const at::Tensor& input,
                                   const std::vector<int64_t>& counts, OpInfo info) = 0;

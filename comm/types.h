@@ -33,6 +33,10 @@ struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   Timeout timeout;
   AgreementRun run;
+  // The caller has no further use for the input's values: an engine may reduce in it, in place, instead of
+  // in a temporary copy. Gloo does (an all-reduce in the input, then this rank's chunk copied out); its own
+  // reduce-scatter holds a copy of the whole input, and the uneven form a padded one besides.
+  bool input_is_scratch = false;
 };
 
 struct AllGatherOptions {

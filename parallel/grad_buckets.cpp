@@ -273,7 +273,7 @@ void GradBuckets::complete(size_t k) {
   if (b.reduced) return;
   b.work->wait();
   b.reduced = true;
-  b.work.reset();  // it holds the collective's buffers (Gloo's padded copy of the bucket)
+  b.work.reset();  // it holds the collective's buffers, where the engine has any
   if (reduction->frees_buckets()) b.flat = at::Tensor();
   reduction->reduced(k);
 }

@@ -23,7 +23,11 @@ comm::WorkPtr ZeroState::launch(size_t k, comm::AgreementRun run) {
   Shard& z = shards[k];
   if (!z.shard_grad.defined())
     z.shard_grad = at::zeros({z.counts[engine.group->group_rank()]}, b.flat.options());
-  return engine.group->reduce_scatter_v(z.shard_grad, b.flat, z.counts, {comm::ReduceOp::kSum, {}, run});
+  // The bucket's values are not needed once reduced (stage 1 copies its reduced chunk back into it in
+  // land()), so the engine may reduce in it: Gloo then needs no copy of the bucket.
+  comm::ReduceScatterOptions o{comm::ReduceOp::kSum, {}, run};
+  o.input_is_scratch = true;
+  return engine.group->reduce_scatter_v(z.shard_grad, b.flat, z.counts, o);
 }
 
 void ZeroState::reduced(size_t k) {

@@ -81,6 +81,19 @@ void suite_collectives(comm::Backend& b, const std::vector<int64_t>& sizes) {
         at::Tensor out = at::empty({counts[me]}, dt);
         b.reduce_scatter_v(out, input_of(me, total, dt), counts)->wait();
         check_equal(tag("reduce_scatter_v", dt, n), out, want_full.narrow(0, offset, counts[me]).to(dt));
+        // the same with the input given as scratch (Gloo reduces in it), uneven and equal
+        comm::ReduceScatterOptions scratch;
+        scratch.input_is_scratch = true;
+        at::Tensor in = input_of(me, total, dt);
+        at::Tensor out2 = at::empty({counts[me]}, dt);
+        b.reduce_scatter_v(out2, in, counts, scratch)->wait();
+        check_equal(tag("reduce_scatter_v scratch", dt, n), out2,
+                    want_full.narrow(0, offset, counts[me]).to(dt));
+        at::Tensor want_eq = input_of(0, n * ws, dt);
+        for (int r = 1; r < ws; ++r) want_eq = want_eq + input_of(r, n * ws, dt);
+        at::Tensor out3 = at::empty({n}, dt);
+        b.reduce_scatter(out3, input_of(me, n * ws, dt), scratch)->wait();
+        check_equal(tag("reduce_scatter scratch", dt, n), out3, want_eq.narrow(0, me * n, n).to(dt));
       }
       // all_gather and all_gather_v.
       {

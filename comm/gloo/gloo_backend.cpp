@@ -17,6 +17,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "comm/detail/completion.h"
@@ -65,7 +66,7 @@ std::shared_ptr<::gloo::transport::Device> make_device() {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-// Copies `counts`-sized chunks of `flat` into rows of a [k, max] buffer (or back), for padded collectives.
+// Copies `counts`-sized chunks of `flat` into rows of a [k, max] buffer, for the padded reduce-scatter.
 at::Tensor pad_chunks(const at::Tensor& flat, const std::vector<int64_t>& counts, int64_t max) {
   at::Tensor padded = at::zeros({static_cast<int64_t>(counts.size()), max}, flat.options());
   int64_t off = 0;
@@ -74,14 +75,6 @@ at::Tensor pad_chunks(const at::Tensor& flat, const std::vector<int64_t>& counts
     off += counts[g];
   }
   return padded;
-}
-
-void unpad_chunks(const at::Tensor& padded, const std::vector<int64_t>& counts, at::Tensor& flat) {
-  int64_t off = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    if (counts[g] > 0) flat.narrow(0, off, counts[g]).copy_(padded[g].narrow(0, 0, counts[g]));
-    off += counts[g];
-  }
 }
 
 }  // namespace
@@ -317,25 +310,48 @@ WorkPtr GlooBackend::do_reduce_scatter_v(at::Tensor& out, const at::Tensor& in,
   return w;
 }
 
-WorkPtr GlooBackend::do_all_gather(at::Tensor& out, const at::Tensor& in, OpInfo info) {
-  c10d::AllgatherOptions o;
-  o.timeout = gloo_timeout(info);
-  return issue(std::move(info),
-               [pg = pg_.get(), out, input = in, o]() mutable { return pg->_allgather_base(out, input, o); });
-}
-
-WorkPtr GlooBackend::do_all_gather_v(at::Tensor& out, const at::Tensor& in,
-                                     const std::vector<int64_t>& counts, OpInfo info) {
-  int64_t max = *std::max_element(counts.begin(), counts.end());
-  at::Tensor padded_in = at::zeros({max}, in.options());
-  if (in.numel() > 0) padded_in.narrow(0, 0, in.numel()).copy_(in);
-  at::Tensor padded_out = at::empty({static_cast<int64_t>(counts.size()) * max}, in.options());
-  WorkPtr w = do_all_gather(padded_out, padded_in, std::move(info));
+// An all-reduce in the caller's input, then this rank's chunk copied out: no temporary at all, where
+// do_reduce_scatter_v pads a copy of the input and c10d's reduce-scatter clones it again before all-reducing.
+WorkPtr GlooBackend::do_reduce_scatter_scratch(at::Tensor& out, at::Tensor& in,
+                                               const std::vector<int64_t>& counts, ReduceOp op, OpInfo info) {
+  int64_t start = std::accumulate(counts.begin(), counts.begin() + group_rank(), int64_t{0});
+  int64_t mine = counts[group_rank()];
+  WorkPtr w = do_all_reduce(in, op, std::move(info));
   at::Tensor target = out;
-  w->then([padded_out, target, counts, max]() mutable {
-    unpad_chunks(padded_out.view({static_cast<int64_t>(counts.size()), max}), counts, target);
+  at::Tensor reduced = in;
+  w->then([target, reduced, start, mine]() mutable {
+    if (mine > 0) target.copy_(reduced.narrow(0, start, mine));
   });
   return w;
+}
+
+WorkPtr GlooBackend::do_all_gather(at::Tensor& out, const at::Tensor& in, OpInfo info) {
+  std::vector<int64_t> counts(group_size(), in.numel());
+  return do_all_gather_v(out, in, counts, std::move(info));
+}
+
+// One broadcast per rank, each rooted at its rank and in place in that rank's chunk of the output: no
+// temporary, where c10d's all-gather holds a flat copy of the whole output while in flight (and the uneven
+// form would pad both sides besides). The broadcasts run on the process group's threads side by side.
+WorkPtr GlooBackend::do_all_gather_v(at::Tensor& out, const at::Tensor& in,
+                                     const std::vector<int64_t>& counts, OpInfo info) {
+  std::vector<int64_t> starts(counts.size(), 0);
+  for (size_t g = 1; g < counts.size(); ++g) starts[g] = starts[g - 1] + counts[g - 1];
+  const int me = group_rank();
+  at::Tensor own = out.narrow(0, starts[me], counts[me]);
+  if (counts[me] > 0 && own.data_ptr() != in.data_ptr()) own.copy_(in.view({-1}));
+  c10d::BroadcastOptions o;
+  o.timeout = gloo_timeout(info);
+  return issue(std::move(info), [pg = pg_.get(), out, counts, starts, o]() mutable {
+    std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      if (counts[g] == 0) continue;
+      std::vector<at::Tensor> chunk{out.narrow(0, starts[g], counts[g])};
+      o.rootRank = static_cast<int>(g);
+      parts.push_back(pg->broadcast(chunk, o));
+    }
+    return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<AllOfWork>(std::move(parts)));
+  });
 }
 
 WorkPtr GlooBackend::do_broadcast(at::Tensor& t, int root, OpInfo info) {

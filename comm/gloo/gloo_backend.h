@@ -1,7 +1,8 @@
 // The gloo backend: libtorch's c10d ProcessGroupGloo (Gloo over TCP) behind dtrain's Backend interface.
-// Variable-size collectives are composed: all_gather_v and reduce_scatter_v move per-rank chunks padded to
-// the largest count in internal buffers (the caller never sees the padding); all_to_all_v maps to Gloo's
-// alltoallv.
+// Composed collectives: all_gather(_v) is one broadcast per rank, in place in the output (no temporary);
+// reduce_scatter_v moves per-rank chunks padded to the largest count in internal buffers (the caller never
+// sees the padding), and a reduce-scatter whose input is scratch is an all-reduce in that input, with no copy
+// of it; all_to_all_v maps to Gloo's alltoallv.
 #pragma once
 
 #include "comm/backend.h"
@@ -37,6 +38,8 @@ class GlooBackend : public Backend {
   WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op, OpInfo info) override;
   WorkPtr do_reduce_scatter_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& counts,
                               ReduceOp op, OpInfo info) override;
+  WorkPtr do_reduce_scatter_scratch(at::Tensor& output, at::Tensor& input, const std::vector<int64_t>& counts,
+                                    ReduceOp op, OpInfo info) override;
   WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, OpInfo info) override;
   WorkPtr do_all_gather_v(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& counts,
                           OpInfo info) override;

@@ -78,6 +78,49 @@ class GlooWork : public Work {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
+// A c10d Work made of several issued together: complete once all are, failed with the first failure.
+class AllOfWork : public c10d::Work {
+ public:
+  explicit AllOfWork(std::vector<c10::intrusive_ptr<c10d::Work>> parts) : parts_(std::move(parts)) {}
+
+  bool isCompleted() override {
+    for (auto& p : parts_) {
+      if (!p->isCompleted()) return false;
+    }
+    return true;
+  }
+  bool isSuccess() const override {
+    for (const auto& p : parts_) {
+      if (!p->isSuccess()) return false;
+    }
+    return true;
+  }
+  std::exception_ptr exception() const override {
+    for (const auto& p : parts_) {
+      if (!p->isSuccess()) return p->exception();
+    }
+    return nullptr;
+  }
+  // One deadline for all the parts; past it, throws as c10d's own timed wait does.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout.count() < 0) {
+      for (auto& p : parts_) p->wait(timeout);
+      return true;
+    }
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (auto& p : parts_) {
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 && !p->isCompleted()) throw std::runtime_error("Operation timed out!");
+      p->wait(std::max(left, std::chrono::milliseconds(1)));
+    }
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+};
+
 // A collective that is not handed to c10d because an earlier one of this process failed
 // (comm/detail/failing.h): a new engine op would wait for the failed peers up to a timeout of its own.
 CommError not_started(const OpInfo& info);
