@@ -25,6 +25,11 @@ namespace dtrain::plan {
 
 namespace {
 
+// The engines' revision, in the names of the figures measured on them (the links, the in-step costs): what
+// their collectives cost and hold changes with it, so figures measured before are measured again. e2: Gloo's
+// all-gather as in-place broadcasts, and ZeRO's reduce-scatter in its own bucket.
+constexpr const char* kEngineRevision = "e2";
+
 // The links: r.profile's file, builtin, or the cache; measured on the live ranks when missing.
 ClusterProfile links_for(const ModulePlanRequest& r, bool* measured_now) {
   *measured_now = false;
@@ -35,8 +40,8 @@ ClusterProfile links_for(const ModulePlanRequest& r, bool* measured_now) {
     none.source = "one rank: no communication";
     return none;
   }
-  const std::string path = str_cat(default_cache_dir(), "/comm-", r.backend, "-", r.world, "ranks-",
-                                   r.ranks_per_host, "perhost.json");
+  const std::string path = str_cat(default_cache_dir(), "/comm-", kEngineRevision, "-", r.backend, "-",
+                                   r.world, "ranks-", r.ranks_per_host, "perhost.json");
   const bool lead = !r.group || r.group->group_rank() == 0;
   if (r.group) {  // every rank must take the same branch: rank 0's view of the cache decides
     const std::vector<std::string> seen =
@@ -135,8 +140,8 @@ InStepCosts in_step_for(const ModulePlanRequest& r, const std::string& signature
                         const ComputeModel& compute, const ClusterProfile& links, double overlap,
                         const std::vector<int64_t>& degrees, std::string* note) {
   const int64_t buckets = r.bucket_bytes > 0 ? r.bucket_bytes : default_bucket_bytes();
-  const std::string key =
-      str_cat(signature, "-", r.backend, "-", r.world, "r", r.ranks_per_host, "-b", r.batch, "-", buckets);
+  const std::string key = str_cat(signature, "-", kEngineRevision, "-", r.backend, "-", r.world, "r",
+                                  r.ranks_per_host, "-b", r.batch, "-", buckets);
   const std::string path = str_cat(default_cache_dir(), "/in-step-", key, ".json");
   auto cached = [&] {
     if (!std::filesystem::exists(path)) return false;
