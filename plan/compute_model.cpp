@@ -2,6 +2,7 @@
 #include "plan/compute_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -27,9 +28,16 @@ class Measured final : public ComputeModel {
     return p_.rehearsal(strategy, bucket_bytes, checkpoint, accumulation);
   }
   std::string source() const override {
+    std::string unsteady;
+    if (p_.unsteady > 1.1) {
+      unsteady =
+          str_cat("; the machine ran up to ", static_cast<int>(std::lround((p_.unsteady - 1) * 100)),
+                  "% slower than its fastest while part of it was timed, so its times may be that much "
+                  "high: delete the file to measure it again");
+    }
     return str_cat("measured on this machine: ", p_.model, ", ", p_.threads, " thread",
                    p_.threads == 1 ? "" : "s", ", ", p_.dtype, " (", file_, ", measured in ", p_.measured_s,
-                   " s)");
+                   " s", unsteady, ")");
   }
 
  private:

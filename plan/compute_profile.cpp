@@ -112,7 +112,8 @@ void write_compute_profile(const std::string& path, const ComputeProfile& p) {
                    {"dtype", p.dtype},
                    {"params", p.params},
                    {"optimizer_s_per_param", p.optimizer_s_per_param},
-                   {"measured_s", p.measured_s}};
+                   {"measured_s", p.measured_s},
+                   {"unsteady", p.unsteady}};
   j["points"] = nlohmann::json::array();
   for (const auto& q : p.points) {
     j["points"].push_back({{"micro_batch", q.micro_batch},
@@ -161,6 +162,7 @@ ComputeProfile read_compute_profile(const std::string& path) {
     p.params = j.at("params").get<int64_t>();
     p.optimizer_s_per_param = j.at("optimizer_s_per_param").get<double>();
     p.measured_s = j.value("measured_s", 0.0);
+    p.unsteady = j.value("unsteady", 1.0);
     for (const auto& q : j.at("points")) {
       ComputePoint c;
       c.micro_batch = q.at("micro_batch").get<int64_t>();

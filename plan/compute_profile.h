@@ -68,6 +68,9 @@ struct ComputeProfile {
   double optimizer_s_per_param = 0;  // AdamW's step
   std::vector<StrategyPoint> strategies;
   double measured_s = 0;  // the time the measurement took
+  // How much slower than its fastest moment the machine ran while the slowest setting kept was timed (1:
+  // steady; plan/measure_compute.h). Above 1.1 the plan says the profile may be off.
+  double unsteady = 1;
 
   // Piecewise linear in the micro-batch through the points of that setting, extrapolated beyond the measured
   // sizes along the two nearest. ValueError when the setting has no point.

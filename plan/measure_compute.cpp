@@ -81,7 +81,10 @@ ComputePoint run_once(const ProfileTarget& t, torch::nn::Module& m, int64_t mb, 
   return p;
 }
 
-// Every size of `setting`, `repeats` times after a warm-up, until the time limit (two sizes at least).
+// Every size of `setting`: a warm-up each, then `repeats` timed runs each, round-robin over the sizes, so
+// that a slow spell of the machine spreads over the sizes instead of settling on all of one size's repeats
+// (which made one size's figure 15% high beside its neighbours'). Sizes are added until the time limit would
+// be spent, the repeats still to come counted (two sizes at least).
 void measure_setting(const ProfileTarget& t, const MeasureOptions& o, const ComputeSetting& setting,
                      Clock::time_point start, ComputeProfile& out) {
   std::shared_ptr<torch::nn::Module> m = t.build();
@@ -92,32 +95,96 @@ void measure_setting(const ProfileTarget& t, const MeasureOptions& o, const Comp
                                                     plan);
   }
   if (setting.checkpoint) parallel::checkpoint_activations(*m, t.checkpoint_patterns);
-  int kept = 0;
+  struct Timed {
+    int64_t mb = 0;
+    int repeats = 1;
+    std::vector<double> fwd, bwd;
+    int64_t bytes = 0;
+    std::vector<MeasuredComm> comm;
+  };
+  std::vector<Timed> sizes;
+  double pending = 0;  // the seconds the repeats of the sizes added so far will take
   for (int64_t mb : sizes_for(o, setting.tp)) {
-    if (kept >= 2 && since(start) > o.time_limit_s) break;
+    if (sizes.size() >= 2 && since(start) + pending > o.time_limit_s) break;
     const double t0 = since(start);
     run_once(t, *m, mb, setting.tp);  // warm-up (and the gradients allocated)
-    const int repeats = since(start) - t0 > 0.5 ? 1 : std::max(1, o.repeats);
-    std::vector<double> fwd, bwd;
-    std::vector<MeasuredComm> comm;
-    int64_t bytes = 0;
-    for (int r = 0; r < repeats; ++r) {
-      ComputePoint p = run_once(t, *m, mb, setting.tp);
-      comm = std::move(p.comm);
-      fwd.push_back(p.forward_s);
-      bwd.push_back(p.backward_s);
-      bytes = std::max(bytes, p.activation_bytes);
-    }
-    ComputePoint p;
-    p.micro_batch = mb;
-    p.setting = setting;
-    p.forward_s = median(fwd);
-    p.backward_s = median(bwd);
-    p.activation_bytes = bytes;
-    p.comm = std::move(comm);
-    out.points.push_back(p);
-    ++kept;
+    const double once = since(start) - t0;
+    Timed s;
+    s.mb = mb;
+    s.repeats = once > 0.5 ? 1 : std::max(1, o.repeats);
+    pending += s.repeats * once;
+    sizes.push_back(std::move(s));
   }
+  for (int r = 0;; ++r) {
+    bool any = false;
+    for (Timed& s : sizes) {
+      if (r >= s.repeats) continue;
+      any = true;
+      ComputePoint p = run_once(t, *m, s.mb, setting.tp);
+      s.comm = std::move(p.comm);
+      s.fwd.push_back(p.forward_s);
+      s.bwd.push_back(p.backward_s);
+      s.bytes = std::max(s.bytes, p.activation_bytes);
+    }
+    if (!any) break;
+  }
+  for (Timed& s : sizes) {
+    ComputePoint p;
+    p.micro_batch = s.mb;
+    p.setting = setting;
+    p.forward_s = median(s.fwd);
+    p.backward_s = median(s.bwd);
+    p.activation_bytes = s.bytes;
+    p.comm = std::move(s.comm);
+    out.points.push_back(p);
+  }
+}
+
+// How fast this machine runs just now: the fastest of three timings of a fixed piece of work on this thread
+// (products of 192 x 192 float matrices, about 5 ms). Compared before and after each setting's sizes.
+double probe_seconds() {
+  static const at::Tensor a = at::linspace(-1, 1, 192 * 192).view({192, 192});
+  double best = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    at::Tensor x = a;
+    for (int k = 0; k < 8; ++k) x = at::mm(x, a).tanh_();
+    best = std::min(best, since(t0));
+  }
+  return best;
+}
+
+// Each setting's sizes with a probe before and after: a setting whose probes ran more than kUnsteady slower
+// than the fastest probe of the profile was timed in a slow spell of the machine (a whole setting 20-40% high
+// beside a profile measured minutes later), and is timed again while the time limit allows; the timing with
+// the faster probes is kept. out.unsteady is the slowdown of the slowest setting kept (1: none).
+void measure_steadily(const ProfileTarget& t, const MeasureOptions& o,
+                      const std::vector<ComputeSetting>& settings, Clock::time_point start,
+                      ComputeProfile& out) {
+  constexpr double kUnsteady = 1.10;
+  std::vector<std::pair<size_t, size_t>> range;  // each setting's points in out.points
+  std::vector<double> probes{probe_seconds()};
+  for (const ComputeSetting& setting : settings) {
+    const size_t first = out.points.size();
+    measure_setting(t, o, setting, start, out);
+    range.emplace_back(first, out.points.size() - first);
+    probes.push_back(probe_seconds());
+  }
+  std::vector<double> slow(settings.size());
+  for (size_t i = 0; i < settings.size(); ++i) slow[i] = (probes[i] + probes[i + 1]) / 2;
+  const double fastest = *std::min_element(probes.begin(), probes.end());
+  for (size_t i = 0; i < settings.size(); ++i) {
+    if (slow[i] <= kUnsteady * fastest || since(start) > o.time_limit_s) continue;
+    ComputeProfile again;
+    const double before = probe_seconds();
+    measure_setting(t, o, settings[i], start, again);
+    const double now = (before + probe_seconds()) / 2;
+    if (now < slow[i] && again.points.size() == range[i].second) {
+      std::copy(again.points.begin(), again.points.end(), out.points.begin() + range[i].first);
+      slow[i] = now;
+    }
+  }
+  out.unsteady = std::max(1.0, *std::max_element(slow.begin(), slow.end()) / fastest);
 }
 
 // AdamW over a fresh module's parameters (gradients of ones): seconds per parameter of its step.
@@ -152,7 +219,8 @@ std::string compute_signature(const ProfileTarget& target, const MeasureOptions&
     h = fnv(h, item.key());
     h = fnv(h, str_cat(item.value().sizes(), at::toString(item.value().scalar_type())));
   }
-  h = fnv(h, "rehearsals v3");  // (paired by accumulation; their passes' and step's peaks apart)
+  h = fnv(h, "rehearsals v3, repeats round-robin");  // (paired by accumulation; their passes' and step's
+                                                     // peaks apart)
   h = fnv(h, str_cat("threads ", at::get_num_threads(), " ckpt ", target.checkpoint_patterns.size()));
   for (auto [tp, mb] : opts.largest_micro_batch) h = fnv(h, str_cat(" tp ", tp, " mb ", mb));
   h = fnv(h, str_cat(" smallest ", opts.smallest_micro_batch));
@@ -192,15 +260,17 @@ ComputeProfile measure_compute(const ProfileTarget& t, const MeasureOptions& o) 
   }
   out.model = t.description;
   out.threads = at::get_num_threads();
+  std::vector<ComputeSetting> settings;
   for (auto [tp, mb] : o.largest_micro_batch) {
     for (bool sp : {false, true}) {
       if (sp && (tp == 1 || !t.sequence_parallel)) continue;
       for (bool ckpt : {false, true}) {
         if (ckpt && t.checkpoint_patterns.empty()) continue;
-        measure_setting(t, o, ComputeSetting{tp, sp, ckpt}, start, out);
+        settings.push_back(ComputeSetting{tp, sp, ckpt});
       }
     }
   }
+  measure_steadily(t, o, settings, start, out);
   measure_optimizer(t, out);
   rehearse_strategies(t, o.rehearsals, out);
   out.measured_s = since(start);

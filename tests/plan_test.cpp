@@ -430,11 +430,17 @@ TEST(ComputeProfile, LinesThroughThePointsAndFilesRoundTrip) {
   EXPECT_NEAR(p.backward_seconds(3, {}), 2 * 0.007, 1e-12);
   EXPECT_NEAR(p.activation_bytes(5, {}), 5000, 1e-6);
   EXPECT_THROW(p.forward_seconds(1, {2, false, false}), dtrain::ValueError);  // not measured
+  p.unsteady = 1.25;
   const std::string path = testing::TempDir() + "/compute.json";
   dtrain::plan::write_compute_profile(path, p);
   const auto q = dtrain::plan::read_compute_profile(path);
   EXPECT_NEAR(q.forward_seconds(16, {}), 0.033, 1e-12);
   EXPECT_EQ(q.points.size(), 3u);
+  EXPECT_DOUBLE_EQ(q.unsteady, 1.25);
+  // the plan's compute line says how unsteady the machine was, and how to measure again
+  const std::string line = dtrain::plan::measured_compute(q, "cached")->source();
+  EXPECT_NE(line.find("25% slower"), std::string::npos) << line;
+  EXPECT_NE(line.find("delete the file"), std::string::npos) << line;
 }
 
 TEST(Rehearsal, EachCollectiveDoesThisRanksShare) {
