@@ -278,7 +278,7 @@ ComputeProfile measure_compute(const ProfileTarget& t, const MeasureOptions& o) 
 }
 
 ComputeProfile cached_compute_profile(const ProfileTarget& t, const MeasureOptions& o,
-                                      const std::string& cache_dir, bool* measured) {
+                                      const std::string& cache_dir, bool* measured, bool write) {
   std::string path;
   {
     std::shared_ptr<torch::nn::Module> probe = t.build();
@@ -289,9 +289,11 @@ ComputeProfile cached_compute_profile(const ProfileTarget& t, const MeasureOptio
     return read_compute_profile(path);
   }
   ComputeProfile p = measure_compute(t, o);
-  std::error_code ec;
-  std::filesystem::create_directories(cache_dir, ec);
-  write_compute_profile(path, p);
+  if (write) {
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir, ec);
+    write_compute_profile(path, p);
+  }
   if (measured) *measured = true;
   return p;
 }

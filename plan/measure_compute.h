@@ -70,10 +70,12 @@ std::string compute_signature(const ProfileTarget& target, const MeasureOptions&
 // scalar).
 ComputeProfile measure_compute(const ProfileTarget& target, const MeasureOptions& opts);
 
-// The profile cached in `cache_dir` (compute-<signature>.json) when there is one, else measured and written
-// there. `*measured` (when given) says which.
+// The profile cached in `cache_dir` (compute-<signature>.json) when there is one, else measured and, when
+// `write` (one rank of a job: the one whose figures decide), written there. `*measured` (when given) says
+// which.
 ComputeProfile cached_compute_profile(const ProfileTarget& target, const MeasureOptions& opts,
-                                      const std::string& cache_dir, bool* measured = nullptr);
+                                      const std::string& cache_dir, bool* measured = nullptr,
+                                      bool write = true);
 
 // $DTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/dtrain, else ~/.cache/dtrain (created when missing).
 std::string default_cache_dir();

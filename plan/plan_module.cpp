@@ -127,7 +127,9 @@ std::unique_ptr<ComputeModel> compute_for(const ModulePlanRequest& r, const Mode
   }
   bool measured = false;
   const std::string dir = default_cache_dir();
-  ComputeProfile profile = cached_compute_profile(r.target, mo, dir, &measured);
+  // Every rank measures (their contention is in the figures), rank 0's are kept and cached.
+  const bool lead = !r.group || r.group->group_rank() == 0;
+  ComputeProfile profile = cached_compute_profile(r.target, mo, dir, &measured, lead);
   at::set_num_threads(threads_before);
   *signature = profile.signature;
   return measured_compute(std::move(profile),
