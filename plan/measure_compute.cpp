@@ -156,9 +156,9 @@ double probe_seconds() {
 
 // Each setting's sizes with a probe before and after: a setting whose probes ran more than kUnsteady slower
 // than the fastest probe of the profile was timed in a slow spell of the machine (a whole setting 20-40% high
-// beside a profile measured minutes later), and is timed again; the timing with
-// the faster probes is kept, where that timing ends within 60% of the time limit. out.unsteady is the
-// slowdown of the slowest setting kept (1: none).
+// beside a profile measured minutes later). It is timed again where that second timing ends within 60% of
+// the time limit, and the timing with the faster probes is kept. out.unsteady is the slowdown of the slowest
+// setting kept (1: none).
 void measure_steadily(const ProfileTarget& t, const MeasureOptions& o,
                       const std::vector<ComputeSetting>& settings, Clock::time_point start,
                       ComputeProfile& out) {
