@@ -88,8 +88,9 @@ def main():
         best = [c for c, _ in sorted(measured, key=lambda x: x[1])[: a.confirm]]
         group = [chosen] + [c for c in best if c["name"] != chosen["name"]]
         times = {c["name"]: [] for c in group}
-        for _ in range(a.rounds):
-            for c in group:
+        for r in range(a.rounds):
+            # the order turns round every other round, so that a drift over the rounds weighs on every candidate alike
+            for c in (group if r % 2 == 0 else group[::-1]):
                 times[c["name"]].append(measure(a.ranks, model, c["flags"], a.steps, env, [])[0])
         med = {k: statistics.median(v) for k, v in times.items()}
         fastest = min(med.values())
@@ -98,8 +99,16 @@ def main():
             v = times[c["name"]]
             print(f"- {c['name']}{' (chosen)' if c['chosen'] else ''}: {med[c['name']]*1e3:.1f} "
                   f"({', '.join(f'{x*1e3:.1f}' for x in v)})")
-        print(f"chosen / fastest re-measured: {med[chosen['name']] / fastest:.3f}")
-
+        print(f"chosen / fastest re-measured: {med[chosen['name']] / fastest:.3f} (medians of the rounds)")
+        # paired: the chosen candidate against each other one round by round (the two ran next to each other, in
+        # the same spell of the machine), then the median of those ratios; the worst of them is the choice's figure
+        mine = times[chosen["name"]]
+        paired = {k: statistics.median(x / y for x, y in zip(mine, v)) for k, v in times.items() if k != chosen["name"]}
+        if paired:
+            worst = max(paired, key=paired.get)
+            print(f"chosen / each other, paired round by round (median of the rounds' ratios): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in paired.items()))
+            print(f"chosen / fastest, paired: {max(1.0, paired[worst]):.3f} (against {worst})")
 
 if __name__ == "__main__":
     main()

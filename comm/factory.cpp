@@ -15,6 +15,7 @@
 #include "comm/mpi/mpi_backend.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "core/host_memory.h"
 #include "core/log.h"
 
 namespace dtrain::comm {
@@ -120,6 +121,7 @@ BackendPtr init(const InitOptions& opts) {
   set_log_level(log_level_from_env(env));
   die_with_launcher(env);
   quiet_libtorch_logs(env);
+  keep_freed_heap(env);
   std::string name = choose_backend(opts.backend, info, env);
   auto timeout = opts.timeout.value_or(default_timeout(env));
   BackendPtr world = create_backend(name, info, timeout);

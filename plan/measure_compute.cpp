@@ -14,6 +14,7 @@
 #include "comm/comm_log.h"
 #include "comm/rehearsal.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "dispatch/tensor_memory.h"
 #include "parallel/activation_checkpointing.h"
 #include "plan/rehearse_strategy.h"
@@ -226,6 +227,7 @@ std::string compute_signature(const ProfileTarget& target, const MeasureOptions&
   }
   h = fnv(h, "rehearsals v3, repeats round-robin");  // (paired by accumulation; their passes' and step's
                                                      // peaks apart)
+  h = fnv(h, freed_heap_kept() ? "heap kept" : "heap glibc's");  // (core/host_memory.h)
   h = fnv(h, str_cat("threads ", at::get_num_threads(), " ckpt ", target.checkpoint_patterns.size()));
   for (auto [tp, mb] : opts.largest_micro_batch) h = fnv(h, str_cat(" tp ", tp, " mb ", mb));
   h = fnv(h, str_cat(" smallest ", opts.smallest_micro_batch));

@@ -1,10 +1,14 @@
 // Pure tier: environment parsing for every launcher dtrain recognises, and its error messages.
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
+#include <cstdlib>
 #include <limits>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/log.h"
 
 using namespace dtrain;
@@ -135,3 +139,37 @@ TEST(Env, SecondsAreBounded) {
 }
 
 }  // namespace
+
+namespace {
+
+// Blocks glibc holds in mmap'd chunks while a `bytes` block is live, beyond those held before.
+int mmapped_blocks_while_live(size_t bytes) {
+  const size_t before = mallinfo2().hblks;
+  void* p = std::malloc(bytes);
+  asm volatile("" : : "g"(p) : "memory");  // (the compiler may not drop the block)
+  const size_t during = mallinfo2().hblks;
+  std::free(p);
+  return static_cast<int>(during - before);
+}
+
+}  // namespace
+
+TEST(Env, KeepFreedHeapTakesLargeBlocksFromTheHeapUnlessTheUserChoseOtherwise) {
+  try {
+    keep_freed_heap({{"DTRAIN_MALLOC", "jemalloc"}});
+    FAIL() << "expected an error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_MALLOC='jemalloc'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'system'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(keep_freed_heap({{"DTRAIN_MALLOC", "system"}}));
+  EXPECT_FALSE(keep_freed_heap({{"MALLOC_TRIM_THRESHOLD_", "0"}}));
+  // glibc as it starts: a 16 MiB block is its own mapping (its threshold starts at 128 KiB)
+  EXPECT_EQ(mmapped_blocks_while_live(16 << 20), 1);
+  EXPECT_FALSE(freed_heap_kept());
+  EXPECT_TRUE(keep_freed_heap({}));
+  EXPECT_TRUE(freed_heap_kept());
+  EXPECT_EQ(mmapped_blocks_while_live(16 << 20), 0);
+  // (above 32 MiB and beyond the heap's free top: still its own mapping, given back when freed)
+  EXPECT_EQ(mmapped_blocks_while_live(size_t{256} << 20), 1);
+}
