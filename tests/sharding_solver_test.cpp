@@ -240,4 +240,6 @@ TEST(ShardingSolver, DeepBlockGraphsStayNarrow) {
   EXPECT_LE(s.width, 4);
   EXPECT_LT(s.gap, 0.05);
   RecordProperty("solve_s", std::to_string(secs));
+  RecordProperty("width", s.width);
+  RecordProperty("gap", std::to_string(s.gap));
 }
