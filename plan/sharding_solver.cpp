@@ -359,13 +359,17 @@ class Search {
   std::chrono::steady_clock::time_point start_;
 };
 
-}  // namespace
-
-double solution_time(const SolverProblem& p, const std::vector<int>& choice) {
+void check_plan_size(const SolverProblem& p, const std::vector<int>& choice) {
   if (choice.size() != p.nodes.size()) {
     throw ValueError(
         str_cat("sharding solver: a plan of ", choice.size(), " choices for ", p.nodes.size(), " nodes."));
   }
+}
+
+}  // namespace
+
+double solution_time(const SolverProblem& p, const std::vector<int>& choice) {
+  check_plan_size(p, choice);
   double t = 0;
   for (size_t v = 0; v < choice.size(); ++v) t += p.nodes[v].options.at(choice[v]).time_s;
   for (const auto& g : p.edges) t += g.cost_s.at(choice[g.from]).at(choice[g.to]);
@@ -373,10 +377,7 @@ double solution_time(const SolverProblem& p, const std::vector<int>& choice) {
 }
 
 double solution_memory(const SolverProblem& p, const std::vector<int>& choice) {
-  if (choice.size() != p.nodes.size()) {
-    throw ValueError(
-        str_cat("sharding solver: a plan of ", choice.size(), " choices for ", p.nodes.size(), " nodes."));
-  }
+  check_plan_size(p, choice);
   double m = 0;
   for (size_t v = 0; v < choice.size(); ++v) m += p.nodes[v].options.at(choice[v]).memory;
   return m;
