@@ -30,6 +30,7 @@
 #include "tensor/detail/decision_check.h"
 #include "tensor/detail/dispatch_util.h"
 #include "tensor/detail/dtensor_meta.h"
+#include "tensor/detail/observe.h"
 #include "tensor/detail/rule_plan.h"
 #include "tensor/detail/view_sync.h"
 #include "tensor/redistribute.h"
@@ -473,7 +474,11 @@ void handle(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return at::Tensor();
   });
   DTRAIN_ASSERT(mesh != nullptr, "the DTensor handler ran ", op_name(op), " without a DTensor argument");
-  detail::reporting_failures(mesh, [&] { handle_on(op, stack, mesh); });
+  if (!detail::observing()) {
+    detail::reporting_failures(mesh, [&] { handle_on(op, stack, mesh); });
+    return;
+  }
+  detail::observed(op, stack, [&] { detail::reporting_failures(mesh, [&] { handle_on(op, stack, mesh); }); });
 }
 
 // Whether `from`'s implementation may be copied into `self`'s (Tensor::set_data). A DTensor may replace a

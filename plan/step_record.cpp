@@ -1,0 +1,187 @@
+// record_step; see step_record.h.
+#include "plan/step_record.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+#include "core/error.h"
+#include "tensor/dtensor.h"
+#include "tensor/op_observer.h"
+#include "tensor/placement.h"
+
+namespace dtrain::plan {
+
+namespace {
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+// Which value a live tensor holds now. A tensor is known by its TensorImpl: the weak reference kept here
+// keeps that address from being reused by another tensor while the recording lasts.
+struct Tracked {
+  WeakImpl impl;
+  int value;
+};
+
+class Recorder {
+ public:
+  void observe(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+               const std::vector<c10::IValue>& rets) {
+    const auto& schema = op.schema();
+    const auto& name = schema.operator_name();
+    RecordedOp rec;
+    rec.name = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    const int index = static_cast<int>(record_.ops.size());
+    // Inputs first, all of them as they were before the op (a written argument is read too).
+    std::vector<at::Tensor> written;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto& alias = schema.arguments()[i].alias_info();
+      const bool writes = alias && alias->isWrite();
+      for_each(args[i], [&](const at::Tensor& t) {
+        rec.inputs.push_back(value_of(t));
+        if (writes) written.push_back(t);
+      });
+    }
+    // Then what it produced: the new state of each written argument, and each return that is not one of them.
+    for (const at::Tensor& t : written) rec.outputs.push_back(produce(t, index));
+    for (const auto& r : rets) {
+      for_each(r, [&](const at::Tensor& t) {
+        for (const at::Tensor& w : written) {
+          if (w.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;  // (already counted)
+        }
+        rec.outputs.push_back(produce(t, index));
+      });
+    }
+    record_.ops.push_back(std::move(rec));
+  }
+
+  StepRecord take() { return std::move(record_); }
+
+ private:
+  template <class F>
+  static void for_each(const c10::IValue& v, F&& f) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) f(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (t.defined()) f(t);
+      }
+    } else if (v.isList()) {  // Tensor?[]
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined()) f(e.toTensor());
+      }
+    }
+  }
+
+  int new_value(const at::Tensor& t, int producer) {
+    RecordedValue v;
+    v.sizes = t.sizes().vec();
+    v.dtype = c10::toString(t.scalar_type());
+    if (tensor::is_dtensor(t)) v.placements = tensor::to_string(tensor::placements_of(t));
+    v.producer = producer;
+    record_.values.push_back(std::move(v));
+    return static_cast<int>(record_.values.size()) - 1;
+  }
+
+  // The value `t` holds now; one from outside the step the first time it is read.
+  int value_of(const at::Tensor& t) {
+    auto it = live_.find(t.unsafeGetTensorImpl());
+    if (it != live_.end()) return it->second.value;
+    const int v = new_value(t, -1);
+    live_.insert_or_assign(t.unsafeGetTensorImpl(), Tracked{WeakImpl(t.getIntrusivePtr()), v});
+    return v;
+  }
+
+  // `t`'s new value, produced by op `op`.
+  int produce(const at::Tensor& t, int op) {
+    const int v = new_value(t, op);
+    live_.insert_or_assign(t.unsafeGetTensorImpl(), Tracked{WeakImpl(t.getIntrusivePtr()), v});
+    return v;
+  }
+
+  StepRecord record_;
+  std::unordered_map<const c10::TensorImpl*, Tracked> live_;
+};
+
+}  // namespace
+
+std::vector<int> StepRecord::outside_values() const {
+  std::vector<int> out;
+  std::vector<bool> seen(values.size(), false);
+  for (const RecordedOp& op : ops) {
+    for (int v : op.inputs) {
+      if (values[v].producer < 0 && !seen[v]) {
+        seen[v] = true;
+        out.push_back(v);
+      }
+    }
+  }
+  return out;
+}
+
+std::map<std::string, int> StepRecord::op_counts() const {
+  std::map<std::string, int> n;
+  for (const RecordedOp& op : ops) ++n[op.name];
+  return n;
+}
+
+StepRecord record_step(const std::function<void()>& step) {
+  Recorder recorder;
+  {
+    tensor::ObserveOps watch([&](const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                                 const std::vector<c10::IValue>& rets) { recorder.observe(op, args, rets); });
+    step();
+  }
+  StepRecord r = recorder.take();
+  if (r.ops.empty()) {
+    throw ValueError(
+        "record_step: the step ran no op on a DTensor, so there is nothing to record. Distribute the module "
+        "on a mesh first (tensor::distribute_module) and feed it its inputs as DTensors.");
+  }
+  return r;
+}
+
+StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batch, int64_t small) {
+  if (small < 1 || batch < 1) {
+    throw ValueError(
+        str_cat("record_step_at: batch ", batch, " and small batch ", small, " must both be at least 1."));
+  }
+  step(small);  // (the optimizer's state is made by its first step; the steady step is recorded)
+  StepRecord a = record_step([&] { step(small); });
+  const StepRecord b = record_step([&] { step(2 * small); });
+  auto op_at = [](const StepRecord& r, size_t i) {
+    return i < r.ops.size() ? str_cat("#", i, " ", r.ops[i].name) : std::string("none (the step ended)");
+  };
+  for (size_t i = 0; i < std::max(a.ops.size(), b.ops.size()); ++i) {
+    if (i < a.ops.size() && i < b.ops.size() && a.ops[i].name == b.ops[i].name &&
+        a.ops[i].inputs == b.ops[i].inputs && a.ops[i].outputs == b.ops[i].outputs) {
+      continue;
+    }
+    throw ValueError(str_cat("record_step_at: the step runs other ops at batch ", small, " than at batch ",
+                             2 * small, ": op ", op_at(a, i), " against ", op_at(b, i),
+                             ". Its ops must not depend on the batch size (no branch on the batch's size "
+                             "or values) for its record to stand for batch ",
+                             batch, "."));
+  }
+  for (size_t v = 0; v < a.values.size(); ++v) {
+    std::vector<int64_t>& sizes = a.values[v].sizes;
+    const std::vector<int64_t>& twice = b.values[v].sizes;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes.size() != twice.size() ||
+          (twice[d] != sizes[d] && (twice[d] != 2 * sizes[d] || sizes[d] % small))) {
+        const int producer = a.values[v].producer;
+        throw ValueError(str_cat(
+            "record_step_at: a tensor ",
+            producer < 0 ? std::string("from outside the step") : str_cat("made by op ", op_at(a, producer)),
+            " has shape ", c10::IntArrayRef(sizes), " at batch ", small, " and ", c10::IntArrayRef(twice),
+            " at batch ", 2 * small,
+            ": its dims neither stay nor grow with the batch, so the record cannot "
+            "be scaled. Record the step at its own batch (record_step)."));
+      }
+      if (twice[d] != sizes[d]) sizes[d] = sizes[d] / small * batch;
+    }
+  }
+  return a;
+}
+
+}  // namespace dtrain::plan

@@ -1,0 +1,52 @@
+// One training step as a graph of the aten ops that DTensor's handler ran (issue 32, the sharding solver's
+// input; docs/planning.md, "Recording a step"). The step runs on DTensors (a module distributed on a mesh,
+// tensor/distribute_module.h); every top-level op the handler sees, in forward, backward and the optimizer's
+// step, becomes a RecordedOp, and every tensor state it reads or writes a RecordedValue: a tensor written in
+// place becomes a new value, so the record is a data-flow graph in which each value has one producer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain::plan {
+
+struct RecordedValue {
+  std::vector<int64_t> sizes;  // global (a DTensor's), or a plain tensor's own
+  std::string dtype;           // "Float"
+  std::string placements;      // "(R)", "(S(0), R)"; empty for a plain tensor
+  int producer = -1;           // the op that produced it; -1: it came from outside the step (parameters,
+                               // inputs, the optimizer's state, constants)
+};
+
+struct RecordedOp {
+  std::string name;          // "aten::addmm", "aten::add_.Tensor"
+  std::vector<int> inputs;   // the values it read, in argument order (lists flattened)
+  std::vector<int> outputs;  // the values it produced: its returns, and the new state of what it wrote
+};
+
+struct StepRecord {
+  std::vector<RecordedOp> ops;
+  std::vector<RecordedValue> values;
+
+  // The values the step read without producing them, in the order it first read them.
+  std::vector<int> outside_values() const;
+  // How many ops of each name ran.
+  std::map<std::string, int> op_counts() const;
+};
+
+// Runs `step` once and records the ops DTensor's handler ran on this thread meanwhile (with backward on the
+// CPU, the caller's thread runs it too). The step must run on DTensors: an empty record is an error that says
+// so.
+StepRecord record_step(const std::function<void()>& step);
+
+// The step at `batch` samples without running it there: `step(b)` runs one step at b samples. It runs once at
+// `small` (the optimizer's state is made), then is recorded at `small` and at 2 x `small`, and every dim that
+// doubled between the two records is scaled to `batch` (a dim of the batch, or of the batch times the
+// sequence); the others are the same at any batch. Ops that differ between the two records, or a dim that
+// changes otherwise, are an error naming the op. Costs three steps at a small batch.
+StepRecord record_step_at(const std::function<void(int64_t batch)>& step, int64_t batch, int64_t small = 1);
+
+}  // namespace dtrain::plan

@@ -1,0 +1,144 @@
+// plan/step_record.h: one training step on DTensors recorded as a data-flow graph of aten ops.
+#include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include "comm/rehearsal.h"
+#include "core/error.h"
+#include "mesh/device_mesh.h"
+#include "plan/step_record.h"
+#include "tensor/distribute_module.h"
+#include "tensor/dtensor.h"
+
+namespace {
+
+using dtrain::plan::record_step;
+using dtrain::plan::StepRecord;
+
+struct Mlp {
+  torch::nn::Sequential net{torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3)};
+  std::shared_ptr<const dtrain::mesh::DeviceMesh> mesh = std::make_shared<const dtrain::mesh::DeviceMesh>(
+      dtrain::comm::rehearsal_group(1), std::vector<int64_t>{1}, std::vector<std::string>{"dp"});
+  std::unique_ptr<torch::optim::SGD> opt;
+  at::Tensor x, y;
+
+  Mlp() {
+    torch::manual_seed(0);
+    dtrain::tensor::distribute_module(*net, mesh);
+    opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    // (one rank: its block is the whole input)
+    x = dtrain::tensor::from_local((at::arange(30, at::kFloat).view({5, 6}) % 7 - 3) / 4, mesh,
+                                   {dtrain::tensor::Replicate()});
+    y = dtrain::tensor::from_local((at::arange(15, at::kFloat).view({5, 3}) % 5 - 2) / 2, mesh,
+                                   {dtrain::tensor::Replicate()});
+  }
+  void step() {
+    opt->zero_grad();
+    at::Tensor loss = (net->forward(x) - y).pow(2).mean();
+    loss.backward();
+    opt->step();
+  }
+};
+
+std::vector<std::string> names(const StepRecord& r) {
+  std::vector<std::string> n;
+  for (const auto& op : r.ops) n.push_back(op.name);
+  return n;
+}
+
+// Forward, backward and SGD's step: every value read was produced earlier in the step or came from outside it
+// (parameters, momentum, inputs); the ops are the ones the module's math needs; the parameters are written in
+// place once each; and a second step records the same ops.
+TEST(StepRecord, OneStepOfAnMlpIsADataFlowGraphOfItsOps) {
+  Mlp m;
+  m.step();  // (the first step creates the momentum buffers; the steady step is the one to record)
+  StepRecord r = record_step([&] { m.step(); });
+  ASSERT_FALSE(r.ops.empty());
+  for (size_t i = 0; i < r.ops.size(); ++i) {
+    for (int v : r.ops[i].inputs) {
+      ASSERT_LT(v, static_cast<int>(r.values.size()));
+      EXPECT_LT(r.values[v].producer, static_cast<int>(i)) << r.ops[i].name << " reads a later value";
+    }
+    for (int v : r.ops[i].outputs) EXPECT_EQ(r.values[v].producer, static_cast<int>(i)) << r.ops[i].name;
+  }
+  auto count = r.op_counts();
+  EXPECT_EQ(count["aten::addmm"], 2);               // the two layers' forward
+  EXPECT_GE(count["aten::mm"], 3);                  // their weights' gradients and the hidden layer's input's
+  EXPECT_EQ(count["aten::threshold_backward"], 1);  // ReLU's backward
+  // From outside the step: each parameter and its momentum buffer (and the inputs).
+  std::map<std::vector<int64_t>, int> outside;
+  for (int v : r.outside_values()) ++outside[r.values[v].sizes];
+  EXPECT_GE((outside[{8, 6}]), 2);
+  EXPECT_GE((outside[{3, 8}]), 2);
+  EXPECT_GE((outside[{8}]), 2);
+  EXPECT_GE((outside[{5, 6}]), 1);
+  // Each parameter gets its update in place: an aten::add_ whose output has its shape.
+  std::map<std::vector<int64_t>, int> updated;
+  for (const auto& op : r.ops) {
+    if (op.name.rfind("aten::add_", 0) != 0) continue;
+    for (int v : op.outputs) ++updated[r.values[v].sizes];
+  }
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{8, 6}, {8}, {3, 8}, {3}}) {
+    EXPECT_GE(updated[shape], 1) << "no in-place update of a parameter of shape " << shape.size() << "-d";
+  }
+  for (const auto& v : r.values) EXPECT_EQ(v.placements, "(R)");
+  EXPECT_EQ(names(record_step([&] { m.step(); })), names(r));
+}
+
+// Recorded at batches 1 and 2 and scaled, the step at batch 5 is the step recorded at batch 5: the same ops,
+// the same data flow, every value's shape.
+TEST(StepRecord, TwoSmallBatchesScaleToTheStepAtAnyBatch) {
+  Mlp small, full;
+  auto at_batch = [](Mlp& m, int64_t b) {
+    return [&m, b] {
+      m.opt->zero_grad();
+      auto slice = [&](const at::Tensor& t) {
+        return dtrain::tensor::from_local(dtrain::tensor::to_local(t).slice(0, 0, b), m.mesh,
+                                          {dtrain::tensor::Replicate()});
+      };
+      at::Tensor loss = (m.net->forward(slice(m.x)) - slice(m.y)).pow(2).mean();
+      loss.backward();
+      m.opt->step();
+    };
+  };
+  StepRecord scaled =
+      dtrain::plan::record_step_at([&](int64_t b) { at_batch(small, b)(); }, /*batch=*/5, /*small=*/1);
+  at_batch(full, 5)();
+  StepRecord want = record_step(at_batch(full, 5));
+  EXPECT_EQ(names(scaled), names(want));
+  ASSERT_EQ(scaled.values.size(), want.values.size());
+  int grew = 0;
+  for (size_t v = 0; v < want.values.size(); ++v) {
+    EXPECT_EQ(scaled.values[v].sizes, want.values[v].sizes) << v;
+    EXPECT_EQ(scaled.values[v].producer, want.values[v].producer) << v;
+    grew += !want.values[v].sizes.empty() && want.values[v].sizes[0] == 5;
+  }
+  EXPECT_GE(grew, 4);  // (the inputs, the activations and their gradients)
+  for (size_t i = 0; i < want.ops.size(); ++i) EXPECT_EQ(scaled.ops[i].inputs, want.ops[i].inputs);
+  // A step whose ops depend on the batch cannot be scaled: the error names the op.
+  try {
+    dtrain::plan::record_step_at(
+        [&](int64_t b) {
+          at_batch(small, b)();
+          if (b > 1) (void)(small.x * 2);
+        },
+        5);
+    FAIL() << "no error";
+  } catch (const dtrain::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::mul"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StepRecord, AStepWithoutDTensorsIsAnError) {
+  at::Tensor a = at::ones({2, 2});
+  try {
+    record_step([&] { (void)(a * 2).sum(); });
+    FAIL() << "no error";
+  } catch (const dtrain::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("distribute_module"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
