@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "tensor/dtensor.h"
+#include "tensor/op_choices.h"
 #include "tensor/op_observer.h"
 #include "tensor/placement.h"
 
@@ -25,6 +26,8 @@ struct Tracked {
 
 class Recorder {
  public:
+  explicit Recorder(std::vector<int64_t> mesh_shape) : mesh_shape_(std::move(mesh_shape)) {}
+
   void observe(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                const std::vector<c10::IValue>& rets) {
     const auto& schema = op.schema();
@@ -38,10 +41,27 @@ class Recorder {
       const auto& alias = schema.arguments()[i].alias_info();
       const bool writes = alias && alias->isWrite();
       for_each(args[i], [&](const at::Tensor& t) {
+        // (the handler's DTensor arguments: DTensors, and plain tensors other than scalars it does not write)
+        if (tensor::is_dtensor(t) || (t.dim() > 0 && !writes))
+          rec.choice_inputs.push_back(static_cast<int>(rec.inputs.size()));
         rec.inputs.push_back(value_of(t));
         if (writes) written.push_back(t);
       });
     }
+    if (!mesh_shape_.empty()) {
+      torch::jit::Stack stack(args.begin(), args.end());
+      if (auto c = tensor::op_choices(op, stack, mesh_shape_)) {
+        rec.ruled = true;
+        rec.choices = std::move(c->choices);
+        if (rec.choices[0].inputs.size() != rec.choice_inputs.size()) {
+          throw ValueError(
+              str_cat("record_step: ", rec.name, " has ", rec.choices[0].inputs.size(),
+                      " placed inputs in its rule and ", rec.choice_inputs.size(),
+                      " in the record (a tensor list of optional tensors?): it cannot be planned."));
+        }
+      }
+    }
+    if (!rec.ruled) rec.choice_inputs.clear();
     // Then what it produced: the new state of each written argument, and each return that is not one of them.
     for (const at::Tensor& t : written) rec.outputs.push_back(produce(t, index));
     for (const auto& r : rets) {
@@ -99,6 +119,7 @@ class Recorder {
     return v;
   }
 
+  std::vector<int64_t> mesh_shape_;
   StepRecord record_;
   std::unordered_map<const c10::TensorImpl*, Tracked> live_;
 };
@@ -125,8 +146,8 @@ std::map<std::string, int> StepRecord::op_counts() const {
   return n;
 }
 
-StepRecord record_step(const std::function<void()>& step) {
-  Recorder recorder;
+StepRecord record_step(const std::function<void()>& step, const std::vector<int64_t>& mesh_shape) {
+  Recorder recorder(mesh_shape);
   {
     tensor::ObserveOps watch([&](const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                                  const std::vector<c10::IValue>& rets) { recorder.observe(op, args, rets); });
@@ -141,13 +162,14 @@ StepRecord record_step(const std::function<void()>& step) {
   return r;
 }
 
-StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batch, int64_t small) {
+StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batch, int64_t small,
+                          const std::vector<int64_t>& mesh_shape) {
   if (small < 1 || batch < 1) {
     throw ValueError(
         str_cat("record_step_at: batch ", batch, " and small batch ", small, " must both be at least 1."));
   }
   step(small);  // (the optimizer's state is made by its first step; the steady step is recorded)
-  StepRecord a = record_step([&] { step(small); });
+  StepRecord a = record_step([&] { step(small); }, mesh_shape);
   const StepRecord b = record_step([&] { step(2 * small); });
   auto op_at = [](const StepRecord& r, size_t i) {
     return i < r.ops.size() ? str_cat("#", i, " ", r.ops[i].name) : std::string("none (the step ended)");

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor/sharding_rules.h"
+
 namespace dtrain::plan {
 
 struct RecordedValue {
@@ -25,6 +27,13 @@ struct RecordedOp {
   std::string name;          // "aten::addmm", "aten::add_.Tensor"
   std::vector<int> inputs;   // the values it read, in argument order (lists flattened)
   std::vector<int> outputs;  // the values it produced: its returns, and the new state of what it wrote
+  // Recorded for a mesh shape (record_step's `mesh_shape`): every way the sharding rules let the op run on
+  // such a mesh (tensor/op_choices.h). `ruled` false: no rule applies, and the handler would run it on
+  // gathered inputs. choices[c].inputs[k] is the placement of inputs[choice_inputs[k]] (0-d plain tensors,
+  // scalars, have none); choices[c].outputs[r] that of its r-th return.
+  bool ruled = false;
+  std::vector<tensor::Choice> choices;
+  std::vector<int> choice_inputs;
 };
 
 struct StepRecord {
@@ -40,13 +49,17 @@ struct StepRecord {
 // Runs `step` once and records the ops DTensor's handler ran on this thread meanwhile (with backward on the
 // CPU, the caller's thread runs it too). The step must run on DTensors: an empty record is an error that says
 // so.
-StepRecord record_step(const std::function<void()>& step);
+// With a `mesh_shape`, each op's choices on a mesh of that shape are recorded too.
+StepRecord record_step(const std::function<void()>& step, const std::vector<int64_t>& mesh_shape = {});
 
 // The step at `batch` samples without running it there: `step(b)` runs one step at b samples. It runs once at
 // `small` (the optimizer's state is made), then is recorded at `small` and at 2 x `small`, and every dim that
 // doubled between the two records is scaled to `batch` (a dim of the batch, or of the batch times the
 // sequence); the others are the same at any batch. Ops that differ between the two records, or a dim that
-// changes otherwise, are an error naming the op. Costs three steps at a small batch.
-StepRecord record_step_at(const std::function<void(int64_t batch)>& step, int64_t batch, int64_t small = 1);
+// changes otherwise, are an error naming the op. Costs three steps at a small batch. The ops' choices (for
+// `mesh_shape`) are those of the record at `small`: the rules take uneven shards, so a dim's size does not
+// change which placements an op can take.
+StepRecord record_step_at(const std::function<void(int64_t batch)>& step, int64_t batch, int64_t small = 1,
+                          const std::vector<int64_t>& mesh_shape = {});
 
 }  // namespace dtrain::plan

@@ -35,10 +35,8 @@ void observed(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std
   }
   const size_t n_args = op.schema().arguments().size();
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n_args), stack->end());
-  {
-    Depth d;
-    handle();
-  }
+  Depth d;  // (held while the observer runs too: what it does on DTensors is not the step's)
+  handle();
   const size_t n_ret = op.schema().returns().size();
   std::vector<c10::IValue> rets(stack->end() - static_cast<std::ptrdiff_t>(n_ret), stack->end());
   OpObserver observer = t_observer;  // (the observer may install another)

@@ -60,6 +60,44 @@ std::optional<c10::OperatorHandle> functional_form(const c10::OperatorHandle& op
   return std::nullopt;
 }
 
+}  // namespace
+
+void for_each_choice(const c10::OperatorHandle& op, const RuleResult& res, size_t n_inputs,
+                     const std::vector<std::vector<int64_t>>& shapes, const std::vector<size_t>& first_of,
+                     int axes, const Placements* in_place, const std::function<void(const Choice&)>& f) {
+  const size_t n_out = res.options.empty() ? 0 : res.options[0].outputs.size();
+  std::vector<size_t> pick(axes, 0);
+  for (;;) {
+    Choice ch{std::vector<Placements>(n_inputs, Placements(axes)),
+              std::vector<Placements>(n_out, Placements(axes))};
+    for (int a = 0; a < axes; ++a) {
+      const AxisStrategy& o = res.options[pick[a]];
+      DTRAIN_ASSERT(o.inputs.size() == n_inputs, op_name(op), ": the rule gives ", o.inputs.size(),
+                    " input placements for ", n_inputs, " DTensor arguments");
+      for (size_t k = 0; k < n_inputs; ++k) ch.inputs[k][a] = o.inputs[k];
+      for (size_t r = 0; r < n_out; ++r) ch.outputs[r][a] = o.outputs[r];
+    }
+    bool ok = true;
+    try {
+      for (size_t r = 0; r < n_out; ++r) {
+        if (first_of[r] < first_of[r + 1]) {
+          check_placements("rule", ch.outputs[r], static_cast<int64_t>(shapes[first_of[r]].size()), axes);
+        }
+      }
+      if (in_place && (ch.outputs[0] != *in_place || ch.inputs[0] != ch.outputs[0])) ok = false;
+      if (ok && res.valid && !res.valid(ch)) ok = false;  // not computable on blocks
+    } catch (const Error&) {
+      ok = false;  // an invalid combination (mixed Partial kinds, a sharded dim the output lacks, ...)
+    }
+    if (ok) f(ch);
+    int a = axes - 1;
+    while (a >= 0 && ++pick[a] == res.options.size()) pick[a--] = 0;
+    if (a < 0) break;
+  }
+}
+
+namespace {
+
 // Prices every combination of per-axis options by the redistribution its inputs need and keeps the cheapest
 // valid one; nullopt when none applies (or the output shapes are unknown).
 // `in_place`: the op writes its first argument (a DTensor, dts[0]), which keeps its placements; only options
@@ -116,43 +154,22 @@ std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::ji
   DTRAIN_ASSERT(n_out == n_ret && first_of.back() == shapes.size(), op_name(op), ": the rule gives ", n_out,
                 " output placements and ", shapes.size(), " shapes for ", n_ret, " returns");
 
-  // Every combination of one option per axis; keep the cheapest valid one.
-  const int axes = mesh->ndim();
-  std::vector<size_t> pick(axes, 0);
+  // Every valid combination of one option per axis; keep the cheapest.
   double best_cost = 0;
   std::optional<Choice> best;
-  for (;;) {
-    Choice ch{std::vector<Placements>(dts.size(), Placements(axes)),
-              std::vector<Placements>(n_out, Placements(axes))};
-    for (int a = 0; a < axes; ++a) {
-      const AxisStrategy& o = res.options[pick[a]];
-      DTRAIN_ASSERT(o.inputs.size() == dts.size(), op_name(op), ": the rule gives ", o.inputs.size(),
-                    " input placements for ", dts.size(), " DTensor arguments");
-      for (size_t k = 0; k < dts.size(); ++k) ch.inputs[k][a] = o.inputs[k];
-      for (size_t r = 0; r < n_out; ++r) ch.outputs[r][a] = o.outputs[r];
-    }
+  const Placements* kept = in_place ? &placements_of(dts[0].second) : nullptr;
+  for_each_choice(op, res, dts.size(), shapes, first_of, mesh->ndim(), kept, [&](const Choice& ch) {
+    double cost = 0;
     try {
-      for (size_t r = 0; r < n_out; ++r) {
-        if (first_of[r] < first_of[r + 1]) {
-          check_placements("rule", ch.outputs[r], static_cast<int64_t>(shapes[first_of[r]].size()), axes);
-        }
-      }
-      if (in_place && (ch.outputs[0] != placements_of(dts[0].second) || ch.inputs[0] != ch.outputs[0]))
-        throw ValueError("not in place");
-      if (res.valid && !res.valid(ch)) throw ValueError("not computable on blocks");
-      double cost = 0;
       for (size_t k = 0; k < dts.size(); ++k) cost += redistribute_plan(dts[k].second, ch.inputs[k])->cost;
-      if (!best || cost < best_cost) {
-        best_cost = cost;
-        best = ch;
-      }
     } catch (const Error&) {
-      // an invalid combination (mixed Partial kinds, a sharded dim the output lacks, ...): skip it
+      return;  // no way to reach these inputs: skip the combination
     }
-    int a = axes - 1;
-    while (a >= 0 && ++pick[a] == res.options.size()) pick[a--] = 0;
-    if (a < 0) break;
-  }
+    if (!best || cost < best_cost) {
+      best_cost = cost;
+      best = ch;
+    }
+  });
   if (!best) return std::nullopt;
   plan.best = std::move(*best);
   return plan;

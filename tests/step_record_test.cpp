@@ -5,6 +5,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <set>
+
 #include "comm/rehearsal.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
@@ -129,6 +131,44 @@ TEST(StepRecord, TwoSmallBatchesScaleToTheStepAtAnyBatch) {
   } catch (const dtrain::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("aten::mul"), std::string::npos) << e.what();
   }
+}
+
+// Recorded for a mesh shape, each op carries the ways its sharding rule lets it run there: a linear layer's
+// addmm can split the batch (output S(0)), the features (S(1)) or run replicated, and a 2-d mesh multiplies
+// the ways.
+TEST(StepRecord, EachOpCarriesTheWaysItsRuleLetsItRunOnTheMeshToPlanFor) {
+  Mlp m;
+  m.step();
+  StepRecord r = record_step([&] { m.step(); }, {2});
+  int ruled = 0;
+  std::set<std::string> addmm_outputs;
+  for (const auto& op : r.ops) {
+    if (!op.ruled) {
+      EXPECT_TRUE(op.choices.empty()) << op.name;
+      continue;
+    }
+    ++ruled;
+    ASSERT_FALSE(op.choices.empty()) << op.name;
+    for (const auto& c : op.choices) {
+      ASSERT_EQ(c.inputs.size(), op.choice_inputs.size()) << op.name;
+      for (const auto& p : c.inputs) EXPECT_EQ(p.size(), 1u) << op.name;
+      if (op.name == "aten::addmm") addmm_outputs.insert(dtrain::tensor::to_string(c.outputs[0]));
+    }
+    for (int k : op.choice_inputs) EXPECT_LT(k, static_cast<int>(op.inputs.size())) << op.name;
+  }
+  EXPECT_EQ(ruled, static_cast<int>(r.ops.size()));  // (every op of this step has a rule)
+  EXPECT_TRUE(addmm_outputs.count("(S(0))") && addmm_outputs.count("(S(1))") && addmm_outputs.count("(R)"))
+      << addmm_outputs.size();
+  // A 2-d mesh: one option per axis, so more ways for the same op.
+  StepRecord r2 = record_step([&] { m.step(); }, {2, 2});
+  ASSERT_EQ(r2.ops.size(), r.ops.size());
+  for (size_t i = 0; i < r.ops.size(); ++i) {
+    if (r.ops[i].name == "aten::addmm") {
+      EXPECT_GT(r2.ops[i].choices.size(), r.ops[i].choices.size());
+    }
+  }
+  // Without a mesh shape, none are recorded.
+  for (const auto& op : record_step([&] { m.step(); }).ops) EXPECT_TRUE(op.choices.empty() && !op.ruled);
 }
 
 TEST(StepRecord, AStepWithoutDTensorsIsAnError) {

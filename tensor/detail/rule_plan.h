@@ -7,6 +7,7 @@
 #include <ATen/core/stack.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -27,6 +28,14 @@ struct Outputs {
 
 Outputs infer_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
                       const std::vector<std::pair<size_t, at::Tensor>>& dts);
+
+// Calls `f` with every combination of one of `res`'s options per mesh axis (of `axes`) that is valid: each
+// output's placements fit its shape (`shapes`, returns r covering [first_of[r], first_of[r + 1])), the rule
+// can compute it, and, for an op writing its first argument (`in_place` not null), the first input and the
+// output keep `*in_place`.
+void for_each_choice(const c10::OperatorHandle& op, const RuleResult& res, size_t n_inputs,
+                     const std::vector<std::vector<int64_t>>& shapes, const std::vector<size_t>& first_of,
+                     int axes, const Placements* in_place, const std::function<void(const Choice&)>& f);
 
 // The op's rule (or nullptr), looked up once per op; an out= op takes its functional form's rule.
 const RuleSpec* rule_of(const c10::OperatorHandle& op);
