@@ -29,11 +29,15 @@ class Recorder {
   explicit Recorder(std::vector<int64_t> mesh_shape) : mesh_shape_(std::move(mesh_shape)) {}
 
   void observe(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
-               const std::vector<c10::IValue>& rets) {
+               const std::vector<c10::IValue>& rets, double seconds) {
     const auto& schema = op.schema();
     const auto& name = schema.operator_name();
     RecordedOp rec;
     rec.name = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    rec.seconds = seconds;
+    for (const auto& ret : schema.returns()) {
+      if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) rec.view = true;
+    }
     const int index = static_cast<int>(record_.ops.size());
     // Inputs first, all of them as they were before the op (a written argument is read too).
     std::vector<at::Tensor> written;
@@ -63,13 +67,20 @@ class Recorder {
     }
     if (!rec.ruled) rec.choice_inputs.clear();
     // Then what it produced: the new state of each written argument, and each return that is not one of them.
-    for (const at::Tensor& t : written) rec.outputs.push_back(produce(t, index));
-    for (const auto& r : rets) {
-      for_each(r, [&](const at::Tensor& t) {
-        for (const at::Tensor& w : written) {
-          if (w.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;  // (already counted)
+    for (const at::Tensor& t : written) {
+      rec.outputs.push_back(produce(t, index));
+      rec.output_return.push_back(-1);
+    }
+    for (size_t r = 0; r < rets.size(); ++r) {
+      for_each(rets[r], [&](const at::Tensor& t) {
+        for (size_t w = 0; w < written.size(); ++w) {
+          if (identity(written[w]).unsafeGetTensorImpl() == identity(t).unsafeGetTensorImpl()) {  // (counted)
+            rec.output_return[w] = static_cast<int>(r);
+            return;
+          }
         }
         rec.outputs.push_back(produce(t, index));
+        rec.output_return.push_back(static_cast<int>(r));
       });
     }
     record_.ops.push_back(std::move(rec));
@@ -97,25 +108,37 @@ class Recorder {
     RecordedValue v;
     v.sizes = t.sizes().vec();
     v.dtype = c10::toString(t.scalar_type());
+    v.element_size = static_cast<int64_t>(t.element_size());
     if (tensor::is_dtensor(t)) v.placements = tensor::to_string(tensor::placements_of(t));
     v.producer = producer;
     record_.values.push_back(std::move(v));
     return static_cast<int>(record_.values.size()) - 1;
   }
 
+  // What identifies `t`'s state: a DTensor's stored block, which its shallow copies share (an optimizer
+  // writes p.data(), a new tensor object on the parameter's block), or a plain tensor itself.
+  static at::Tensor identity(const at::Tensor& t) {
+    return tensor::is_dtensor(t) ? tensor::stored_block(t) : t;
+  }
+
   // The value `t` holds now; one from outside the step the first time it is read.
   int value_of(const at::Tensor& t) {
-    auto it = live_.find(t.unsafeGetTensorImpl());
+    const at::Tensor id = identity(t);
+    auto it = live_.find(id.unsafeGetTensorImpl());
     if (it != live_.end()) return it->second.value;
     const int v = new_value(t, -1);
-    live_.insert_or_assign(t.unsafeGetTensorImpl(), Tracked{WeakImpl(t.getIntrusivePtr()), v});
+    live_.insert_or_assign(id.unsafeGetTensorImpl(), Tracked{WeakImpl(id.getIntrusivePtr()), v});
     return v;
   }
 
   // `t`'s new value, produced by op `op`.
   int produce(const at::Tensor& t, int op) {
+    const at::Tensor id = identity(t);
+    auto it = live_.find(id.unsafeGetTensorImpl());
+    const int previous = it != live_.end() ? it->second.value : -1;
     const int v = new_value(t, op);
-    live_.insert_or_assign(t.unsafeGetTensorImpl(), Tracked{WeakImpl(t.getIntrusivePtr()), v});
+    record_.values[v].previous = previous;
+    live_.insert_or_assign(id.unsafeGetTensorImpl(), Tracked{WeakImpl(id.getIntrusivePtr()), v});
     return v;
   }
 
@@ -150,7 +173,8 @@ StepRecord record_step(const std::function<void()>& step, const std::vector<int6
   Recorder recorder(mesh_shape);
   {
     tensor::ObserveOps watch([&](const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
-                                 const std::vector<c10::IValue>& rets) { recorder.observe(op, args, rets); });
+                                 const std::vector<c10::IValue>& rets,
+                                 double seconds) { recorder.observe(op, args, rets, seconds); });
     step();
   }
   StepRecord r = recorder.take();
@@ -184,6 +208,13 @@ StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batc
                              ". Its ops must not depend on the batch size (no branch on the batch's size "
                              "or values) for its record to stand for batch ",
                              batch, "."));
+  }
+  // An op's time at `batch`: a line through its times at the two batches (a time that fell between them is
+  // the clock's noise: the smaller one stands).
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    const double slope = std::max(0.0, (b.ops[i].seconds - a.ops[i].seconds) / static_cast<double>(small));
+    a.ops[i].seconds = std::min(a.ops[i].seconds, b.ops[i].seconds) +
+                       slope * static_cast<double>(std::max<int64_t>(batch - small, 0));
   }
   for (size_t v = 0; v < a.values.size(); ++v) {
     std::vector<int64_t>& sizes = a.values[v].sizes;

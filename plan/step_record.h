@@ -18,15 +18,20 @@ namespace dtrain::plan {
 struct RecordedValue {
   std::vector<int64_t> sizes;  // global (a DTensor's), or a plain tensor's own
   std::string dtype;           // "Float"
+  int64_t element_size = 4;    // bytes per element
   std::string placements;      // "(R)", "(S(0), R)"; empty for a plain tensor
   int producer = -1;           // the op that produced it; -1: it came from outside the step (parameters,
                                // inputs, the optimizer's state, constants)
+  int previous = -1;           // written in place: the value of the same tensor it replaced
 };
 
 struct RecordedOp {
-  std::string name;          // "aten::addmm", "aten::add_.Tensor"
-  std::vector<int> inputs;   // the values it read, in argument order (lists flattened)
-  std::vector<int> outputs;  // the values it produced: its returns, and the new state of what it wrote
+  std::string name;                // "aten::addmm", "aten::add_.Tensor"
+  std::vector<int> inputs;         // the values it read, in argument order (lists flattened)
+  std::vector<int> outputs;        // the values it produced: its returns, and the new state of what it wrote
+  std::vector<int> output_return;  // per output: the index of the return it is (-1: written, not returned)
+  double seconds = 0;              // the handler's time on it while recorded (one rank, placements as run)
+  bool view = false;               // its returns are views of an input (they allocate nothing)
   // Recorded for a mesh shape (record_step's `mesh_shape`): every way the sharding rules let the op run on
   // such a mesh (tensor/op_choices.h). `ruled` false: no rule applies, and the handler would run it on
   // gathered inputs. choices[c].inputs[k] is the placement of inputs[choice_inputs[k]] (0-d plain tensors,

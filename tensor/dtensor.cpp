@@ -137,6 +137,7 @@ bool is_dtensor(const at::Tensor& t) {
 }
 
 at::Tensor detail::to_local_raw(const at::Tensor& t) { return meta(t, "to_local").local; }
+at::Tensor stored_block(const at::Tensor& t) { return meta(t, "stored_block").local; }
 const MeshPtr& mesh_of(const at::Tensor& t) { return meta(t, "mesh_of").mesh; }
 const Placements& placements_of(const at::Tensor& t) { return meta(t, "placements_of").placements; }
 

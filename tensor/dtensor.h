@@ -55,6 +55,9 @@ at::Tensor distribute_tensor(const at::Tensor& full, MeshPtr mesh, Placements pl
 at::Tensor to_local(const at::Tensor& dtensor);
 const MeshPtr& mesh_of(const at::Tensor& dtensor);
 const Placements& placements_of(const at::Tensor& dtensor);
+// The block as the DTensor stores it (no autograd, no copy): one tensor object for a DTensor and its shallow
+// copies (Tensor::data(), set_data), which share its state; plan/step_record.h tells tensors apart by it.
+at::Tensor stored_block(const at::Tensor& dtensor);
 
 // A DTensor with the same values laid out as `placements`, by the cheapest plan (cached). Collective.
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements);

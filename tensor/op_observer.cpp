@@ -3,6 +3,8 @@
 
 #include "tensor/detail/observe.h"
 
+#include <chrono>
+
 namespace dtrain::tensor {
 
 namespace {
@@ -36,11 +38,13 @@ void observed(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std
   const size_t n_args = op.schema().arguments().size();
   std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n_args), stack->end());
   Depth d;  // (held while the observer runs too: what it does on DTensors is not the step's)
+  const auto start = std::chrono::steady_clock::now();
   handle();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const size_t n_ret = op.schema().returns().size();
   std::vector<c10::IValue> rets(stack->end() - static_cast<std::ptrdiff_t>(n_ret), stack->end());
   OpObserver observer = t_observer;  // (the observer may install another)
-  observer(op, args, rets);
+  observer(op, args, rets, seconds);
 }
 
 }  // namespace detail

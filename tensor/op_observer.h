@@ -14,10 +14,11 @@
 namespace dtrain::tensor {
 
 // op: the operator (its schema says which arguments it writes); arguments: as the op received them;
-// returns: what it returned (DTensors; in place, the written argument itself).
+// returns: what it returned (DTensors; in place, the written argument itself); seconds: the handler's time
+// on it (wall clock).
 using OpObserver =
     std::function<void(const c10::OperatorHandle& op, const std::vector<c10::IValue>& arguments,
-                       const std::vector<c10::IValue>& returns)>;
+                       const std::vector<c10::IValue>& returns, double seconds)>;
 
 // Installs `observer` for this thread for its lifetime (the previous one, if any, comes back after it).
 class ObserveOps {

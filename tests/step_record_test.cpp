@@ -10,6 +10,7 @@
 #include "comm/rehearsal.h"
 #include "core/error.h"
 #include "mesh/device_mesh.h"
+#include "plan/step_graph.h"
 #include "plan/step_record.h"
 #include "tensor/distribute_module.h"
 #include "tensor/dtensor.h"
@@ -169,6 +170,65 @@ TEST(StepRecord, EachOpCarriesTheWaysItsRuleLetsItRunOnTheMeshToPlanFor) {
   }
   // Without a mesh shape, none are recorded.
   for (const auto& op : record_step([&] { m.step(); }).ops) EXPECT_TRUE(op.choices.empty() && !op.ruled);
+}
+
+// The index of the option of solver node `n` that keeps everything replicated.
+int replicated_option(const dtrain::plan::StepGraph& g, const StepRecord& r, size_t n) {
+  auto all_r = [](const dtrain::tensor::Placements& p) {
+    return std::all_of(p.begin(), p.end(), [](const auto& x) { return x.is_replicate(); });
+  };
+  if (g.op[n] < 0) {
+    for (size_t o = 0; o < g.placements[n].size(); ++o) {
+      if (all_r(g.placements[n][o])) return static_cast<int>(o);
+    }
+    return -1;
+  }
+  const auto& choices = r.ops[g.op[n]].choices;
+  for (size_t o = 0; o < choices.size(); ++o) {
+    const auto& c = choices[o];
+    if (std::all_of(c.inputs.begin(), c.inputs.end(), all_r) &&
+        std::all_of(c.outputs.begin(), c.outputs.end(), all_r))
+      return static_cast<int>(o);
+  }
+  return -1;
+}
+
+// The MLP's step as the solver's graph on two ranks: a node per op and per outside value; everything
+// replicated costs the recorded ops' time, moves nothing and holds the replicated step's peak; the solver
+// does at least as well, and under a budget below that peak it shards and fits.
+TEST(StepGraph, TheMlpsStepOnTwoRanksReplicatedOrShardedUnderABudget) {
+  Mlp m;
+  m.step();
+  StepRecord r = record_step([&] { m.step(); }, {2});
+  const auto comm = dtrain::comm::CostModel::defaults(1);
+  dtrain::plan::StepGraph g = dtrain::plan::build_step_graph(r, {2}, comm);
+  ASSERT_EQ(g.problem.nodes.size(), r.ops.size() + r.outside_values().size());
+  std::vector<int> rep;
+  double op_seconds = 0;
+  for (size_t n = 0; n < g.problem.nodes.size(); ++n) {
+    rep.push_back(replicated_option(g, r, n));
+    ASSERT_GE(rep.back(), 0) << g.problem.nodes[n].name;
+    if (g.op[n] >= 0) op_seconds += r.ops[g.op[n]].seconds;
+  }
+  EXPECT_NEAR(dtrain::plan::solution_time(g.problem, rep), op_seconds, 1e-12);
+  EXPECT_NEAR(dtrain::plan::solution_memory(g.problem, rep), g.replicated_bytes, 1e-6 * g.replicated_bytes);
+  EXPECT_GT(g.replicated_bytes, 0);
+  dtrain::plan::SolverSolution free = dtrain::plan::solve_sharding(g.problem);
+  EXPECT_LE(free.time_s, op_seconds + 1e-12);
+  g.problem.memory_budget = 0.7 * g.replicated_bytes;
+  dtrain::plan::SolverSolution tight = dtrain::plan::solve_sharding(g.problem);
+  EXPECT_LE(tight.memory, g.problem.memory_budget);
+  int sharded = 0;
+  for (size_t n = 0; n < g.problem.nodes.size(); ++n) sharded += tight.choice[n] != rep[n];
+  EXPECT_GT(sharded, 0);
+  EXPECT_GE(tight.time_s, free.time_s);
+  // A step recorded without the mesh shape has no choices: the error names the first op.
+  try {
+    dtrain::plan::build_step_graph(record_step([&] { m.step(); }), {2}, comm);
+    FAIL() << "no error";
+  } catch (const dtrain::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("op #0 aten::"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StepRecord, AStepWithoutDTensorsIsAnError) {
