@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "core/error.h"
@@ -303,11 +304,12 @@ class Search {
     };
     // lambda: from where memory starts to count, doubled until a plan fits, then bisected
     double lo = 0, hi = std::max(1e-12, t0) / std::max(1.0, m0) * 1e-6;
-    for (int k = 0; k < 200 && !step(hi); ++k) {
+    // (every step's bound is valid: at a limit the search stops with the best of them)
+    for (int k = 0; k < 200 && !out_of_limits() && !step(hi); ++k) {
       lo = hi;
       hi *= 2;
     }
-    for (int k = 0; k < opts_.lambda_steps && !closed(bound); ++k) {
+    for (int k = 0; k < opts_.lambda_steps && !closed(bound) && !out_of_limits(); ++k) {
       const double mid = 0.5 * (lo + hi);
       (step(mid) ? hi : lo) = mid;
       if (hi - lo <= 1e-12 * hi) break;
@@ -339,6 +341,8 @@ class Search {
     }
     double children = std::numeric_limits<double>::infinity();
     for (int o : tries) {
+      // (a child left unexplored at a limit is bounded by its parent's bound alone)
+      if (out_of_limits()) return own;
       std::vector<std::vector<int>> child = allowed;
       child[v] = {o};
       children = std::min(children, branch(child));
@@ -400,9 +404,14 @@ SolverSolution solve_sharding(const SolverProblem& p, const SolverOptions& opts)
     const Relaxed least = search.run(allowed, 1, 0);
     const double m = solution_memory(p, least.choice);
     if (m > p.memory_budget) {
-      throw ValueError(str_cat("sharding solver: no plan fits the memory budget of ", p.memory_budget,
-                               " bytes per rank: the smallest needs ", m,
-                               " bytes. Raise the budget, or add ranks or placements that shard more."));
+      auto bytes = [](double b) {
+        char text[64];
+        std::snprintf(text, sizeof(text), "%.0f bytes (%.2f MiB)", b, b / 1048576);
+        return std::string(text);
+      };
+      throw ValueError(str_cat("sharding solver: no plan fits the memory budget of ", bytes(p.memory_budget),
+                               " per rank: the smallest needs ", bytes(m),
+                               ". Raise the budget, or add ranks or placements that shard more."));
     }
     search.offer(least.choice);
   }

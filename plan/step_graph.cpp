@@ -35,13 +35,29 @@ std::string value_name(const StepRecord& r, int v) {
 
 }  // namespace
 
+int StepGraph::source(const StepRecord& r, int v) const {
+  return r.values[v].producer >= 0 ? node_of_op[r.values[v].producer] : node_of_value[v];
+}
+
+const tensor::Placements& StepGraph::placement(const StepRecord& r, int v, int option) const {
+  const int p = r.values[v].producer;
+  if (p < 0) return placements[node_of_value[v]][option];
+  const int ret = r.ops[p].output_return[output_index[v]];
+  DTRAIN_ASSERT(ret >= 0, "value ", v, " of ", r.ops[p].name, " is written but not returned");
+  return r.ops[p].choices[option].outputs[ret];
+}
+
 StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh_shape,
                            const comm::CostModel& comm, double memory_budget) {
   const int axes = static_cast<int>(mesh_shape.size());
   StepGraph g;
   g.problem.memory_budget = memory_budget;
   // Nodes: every op, then every outside value.
-  std::vector<int> node_of_op(r.ops.size(), -1), node_of_value(r.values.size(), -1);
+  g.mesh_shape = mesh_shape;
+  g.node_of_op.assign(r.ops.size(), -1);
+  g.node_of_value.assign(r.values.size(), -1);
+  std::vector<int>& node_of_op = g.node_of_op;
+  std::vector<int>& node_of_value = g.node_of_value;
   for (size_t i = 0; i < r.ops.size(); ++i) {
     const RecordedOp& op = r.ops[i];
     if (!op.ruled) {
@@ -74,21 +90,12 @@ StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh
     g.placements.push_back(std::move(valid));
   }
 
-  // Where a value is placed: the node, and its placement under each of that node's options.
-  std::vector<int> output_index(r.values.size(), -1);  // the value's position in its producer's outputs
+  g.output_index.assign(r.values.size(), -1);
   for (const RecordedOp& op : r.ops) {
-    for (size_t k = 0; k < op.outputs.size(); ++k) output_index[op.outputs[k]] = static_cast<int>(k);
+    for (size_t k = 0; k < op.outputs.size(); ++k) g.output_index[op.outputs[k]] = static_cast<int>(k);
   }
-  auto source = [&](int v) {
-    return r.values[v].producer >= 0 ? node_of_op[r.values[v].producer] : node_of_value[v];
-  };
-  auto placement = [&](int v, int option) -> const tensor::Placements& {
-    const int p = r.values[v].producer;
-    if (p < 0) return g.placements[node_of_value[v]][option];
-    const int ret = r.ops[p].output_return[output_index[v]];
-    DTRAIN_ASSERT(ret >= 0, "value ", v, " of ", r.ops[p].name, " is written but not returned");
-    return r.ops[p].choices[option].outputs[ret];
-  };
+  auto source = [&](int v) { return g.source(r, v); };
+  auto placement = [&](int v, int option) -> const tensor::Placements& { return g.placement(r, v, option); };
   auto options_of = [&](int node) {
     return g.op[node] >= 0 ? r.ops[g.op[node]].choices.size() : g.placements[node].size();
   };
@@ -206,6 +213,38 @@ StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh
     add_edge(final_value, n, [&](int b) -> const tensor::Placements& { return g.placements[n][b]; });
   }
   return g;
+}
+
+std::vector<Redistribution> redistributions(const StepRecord& r, const StepGraph& g,
+                                            const std::vector<int>& choice, const comm::CostModel& comm) {
+  tensor::PlanCache plans(comm);
+  std::vector<Redistribution> out;
+  auto add = [&](int op, int v, const tensor::Placements& to) {
+    const tensor::Placements& from = g.placement(r, v, choice[g.source(r, v)]);
+    if (from == to) return;
+    Redistribution d{op, v, from, to};
+    tensor::PlanPtr plan = plans.get({r.values[v].sizes, r.values[v].element_size, g.mesh_shape, from, to});
+    for (const auto& step : plan->steps) d.bytes += step.bytes;
+    d.seconds = plan->seconds;
+    d.collectives = plan->collectives();
+    out.push_back(std::move(d));
+  };
+  for (size_t i = 0; i < r.ops.size(); ++i) {
+    const RecordedOp& op = r.ops[i];
+    const tensor::Choice& c = op.choices[choice[g.node_of_op[i]]];
+    for (size_t k = 0; k < op.choice_inputs.size(); ++k)
+      add(static_cast<int>(i), op.inputs[op.choice_inputs[k]], c.inputs[k]);
+  }
+  std::vector<int> last(r.values.size(), -1);
+  for (size_t v = 0; v < r.values.size(); ++v) {
+    int root = static_cast<int>(v);
+    while (r.values[root].previous >= 0) root = r.values[root].previous;
+    last[root] = static_cast<int>(v);
+  }
+  for (int v : r.outside_values()) {
+    if (last[v] != v) add(-1, last[v], g.placements[g.node_of_value[v]][choice[g.node_of_value[v]]]);
+  }
+  return out;
 }
 
 }  // namespace dtrain::plan

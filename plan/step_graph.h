@@ -25,6 +25,26 @@ struct StepGraph {
   std::vector<std::vector<tensor::Placements>> placements;  // per value node; empty for op nodes
   int peak_op = 0;              // where the step's live bytes peak, replicated (memory is counted there)
   double replicated_bytes = 0;  // the live bytes there, everything replicated (one rank's whole step)
+  std::vector<int64_t> mesh_shape;
+  // The node of each op (-1: none) and of each outside value (-1: produced in the step); each value's
+  // position among its producer's outputs.
+  std::vector<int> node_of_op, node_of_value, output_index;
+
+  // The node that places value `v`: its producer's, or its own for an outside value.
+  int source(const StepRecord& r, int v) const;
+  // Value `v`'s placements when the node that places it takes option `option`.
+  const tensor::Placements& placement(const StepRecord& r, int v, int option) const;
+};
+
+// One redistribution of a plan: value `value`, as `op` reads it (-1: at the step's end, where state the step
+// wrote goes back to the placement the next step reads it in).
+struct Redistribution {
+  int op = -1;
+  int value = 0;
+  tensor::Placements from, to;
+  double bytes = 0;    // per rank, every step of it
+  double seconds = 0;  // predicted
+  int collectives = 0;
 };
 
 // The graph of `record` on a mesh of `mesh_shape`. The record must carry its ops' choices for that shape
@@ -37,5 +57,9 @@ struct StepGraph {
 StepGraph build_step_graph(const StepRecord& record, const std::vector<int64_t>& mesh_shape,
                            const comm::CostModel& comm,
                            double memory_budget = std::numeric_limits<double>::infinity());
+
+// The redistributions a plan (`choice`: one option per node of `g`) makes in a step, in the order they happen.
+std::vector<Redistribution> redistributions(const StepRecord& record, const StepGraph& g,
+                                            const std::vector<int>& choice, const comm::CostModel& comm);
 
 }  // namespace dtrain::plan

@@ -26,7 +26,11 @@ struct Tracked {
 
 class Recorder {
  public:
-  explicit Recorder(std::vector<int64_t> mesh_shape) : mesh_shape_(std::move(mesh_shape)) {}
+  Recorder(std::vector<int64_t> mesh_shape, const NamedTensors& named) : mesh_shape_(std::move(mesh_shape)) {
+    for (const auto& [name, t] : named) {
+      if (t.defined()) names_[identity(t).unsafeGetTensorImpl()] = name;
+    }
+  }
 
   void observe(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                const std::vector<c10::IValue>& rets, double seconds) {
@@ -127,6 +131,7 @@ class Recorder {
     auto it = live_.find(id.unsafeGetTensorImpl());
     if (it != live_.end()) return it->second.value;
     const int v = new_value(t, -1);
+    if (auto n = names_.find(id.unsafeGetTensorImpl()); n != names_.end()) record_.values[v].name = n->second;
     live_.insert_or_assign(id.unsafeGetTensorImpl(), Tracked{WeakImpl(id.getIntrusivePtr()), v});
     return v;
   }
@@ -143,6 +148,7 @@ class Recorder {
   }
 
   std::vector<int64_t> mesh_shape_;
+  std::unordered_map<const c10::TensorImpl*, std::string> names_;  // (the named tensors outlive the record)
   StepRecord record_;
   std::unordered_map<const c10::TensorImpl*, Tracked> live_;
 };
@@ -169,8 +175,9 @@ std::map<std::string, int> StepRecord::op_counts() const {
   return n;
 }
 
-StepRecord record_step(const std::function<void()>& step, const std::vector<int64_t>& mesh_shape) {
-  Recorder recorder(mesh_shape);
+StepRecord record_step(const std::function<void()>& step, const std::vector<int64_t>& mesh_shape,
+                       const NamedTensors& named) {
+  Recorder recorder(mesh_shape, named);
   {
     tensor::ObserveOps watch([&](const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                                  const std::vector<c10::IValue>& rets,
@@ -187,13 +194,13 @@ StepRecord record_step(const std::function<void()>& step, const std::vector<int6
 }
 
 StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batch, int64_t small,
-                          const std::vector<int64_t>& mesh_shape) {
+                          const std::vector<int64_t>& mesh_shape, const NamedTensors& named) {
   if (small < 1 || batch < 1) {
     throw ValueError(
         str_cat("record_step_at: batch ", batch, " and small batch ", small, " must both be at least 1."));
   }
   step(small);  // (the optimizer's state is made by its first step; the steady step is recorded)
-  StepRecord a = record_step([&] { step(small); }, mesh_shape);
+  StepRecord a = record_step([&] { step(small); }, mesh_shape, named);
   const StepRecord b = record_step([&] { step(2 * small); });
   auto op_at = [](const StepRecord& r, size_t i) {
     return i < r.ops.size() ? str_cat("#", i, " ", r.ops[i].name) : std::string("none (the step ended)");

@@ -9,7 +9,10 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "tensor/sharding_rules.h"
 
@@ -23,6 +26,7 @@ struct RecordedValue {
   int producer = -1;           // the op that produced it; -1: it came from outside the step (parameters,
                                // inputs, the optimizer's state, constants)
   int previous = -1;           // written in place: the value of the same tensor it replaced
+  std::string name;            // what the caller named the tensor (a parameter's name), or empty
 };
 
 struct RecordedOp {
@@ -54,8 +58,11 @@ struct StepRecord {
 // Runs `step` once and records the ops DTensor's handler ran on this thread meanwhile (with backward on the
 // CPU, the caller's thread runs it too). The step must run on DTensors: an empty record is an error that says
 // so.
-// With a `mesh_shape`, each op's choices on a mesh of that shape are recorded too.
-StepRecord record_step(const std::function<void()>& step, const std::vector<int64_t>& mesh_shape = {});
+// With a `mesh_shape`, each op's choices on a mesh of that shape are recorded too. `named` tensors (a
+// module's named_parameters(), say) give their names to the values they hold.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+StepRecord record_step(const std::function<void()>& step, const std::vector<int64_t>& mesh_shape = {},
+                       const NamedTensors& named = {});
 
 // The step at `batch` samples without running it there: `step(b)` runs one step at b samples. It runs once at
 // `small` (the optimizer's state is made), then is recorded at `small` and at 2 x `small`, and every dim that
@@ -65,6 +72,6 @@ StepRecord record_step(const std::function<void()>& step, const std::vector<int6
 // `mesh_shape`) are those of the record at `small`: the rules take uneven shards, so a dim's size does not
 // change which placements an op can take.
 StepRecord record_step_at(const std::function<void(int64_t batch)>& step, int64_t batch, int64_t small = 1,
-                          const std::vector<int64_t>& mesh_shape = {});
+                          const std::vector<int64_t>& mesh_shape = {}, const NamedTensors& named = {});
 
 }  // namespace dtrain::plan

@@ -131,6 +131,40 @@ TEST(Explain, PrintsThePlanFor2x2Mesh) {
         " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
   EXPECT_NE(read_file(out).find("placement \"Q\" is not one of"), std::string::npos) << read_file(out);
+  cmd = std::string(DTRAIN_BINARY) + " explain --mesh 2 --shape 4,4 > " + out + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
+  EXPECT_NE(read_file(out).find("--from and --to are required"), std::string::npos) << read_file(out);
+  fs::remove_all(dir);
+}
+
+// `dtrain explain solve` records the GPT's step, solves its layout for a 2-rank mesh and explains it: each
+// parameter's placements, each redistribution with the op that needs it, the predicted step and memory; a
+// second budget shows what differs; a budget nothing fits is exit code 2 naming it and the least needed.
+TEST(Explain, SolvesTheGptsLayoutAndExplainsIt) {
+  char tmpl[] = "/tmp/dtrain_solve_test_XXXXXX";
+  fs::path dir = mkdtemp(tmpl);
+  const std::string out = (dir / "out.txt").string();
+  const std::string model = " explain solve --mesh 2 --layers 2 --width 64 --heads 4 --seq 32 --batch 8";
+  std::string cmd = std::string(DTRAIN_BINARY) + model + " > " + out + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+  std::string text = read_file(out);
+  for (const char* want : {"predicted step:", "memory at the step's peak:", "h0.mlp.fc.weight [256, 64]",
+                           "wte.weight [256, 64]", "redistributions, in step order", "no memory budget"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  // The replicated peak, from the first line of figures; then 70% of it as a budget beside no budget.
+  const size_t at = text.find("everything replicated: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const double replicated_mib = std::stod(text.substr(at + 23));
+  const std::string budget = std::to_string(static_cast<int64_t>(replicated_mib * 1048576 * 0.7));
+  cmd = std::string(DTRAIN_BINARY) + model + " --compare-budget " + budget + " > " + out + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+  text = read_file(out);
+  EXPECT_NE(text.find("placements that differ (no budget -> budget "), std::string::npos) << text;
+  cmd = std::string(DTRAIN_BINARY) + model + " --budget 1K > " + out + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
+  EXPECT_NE(read_file(out).find("no plan fits the memory budget of 1024 bytes"), std::string::npos)
+      << read_file(out);
   fs::remove_all(dir);
 }
 

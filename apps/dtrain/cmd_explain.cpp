@@ -5,6 +5,7 @@
 
 #include "comm/cost_model.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "tensor/redistribute_plan.h"
 #include "tensor/shard_math.h"
 
@@ -47,18 +48,51 @@ CLI::App* add_explain_command(CLI::App& app, ExplainOptions& opts) {
       "Show the DTensor redistribution plan (steps, bytes, predicted time) for a tensor on a mesh");
   c->add_option("--mesh", opts.mesh, "Mesh axis sizes, e.g. 2,2")->capture_default_str();
   c->add_option("--shape", opts.shape, "Global tensor shape, e.g. 1024,1024")->capture_default_str();
-  c->add_option("--from", opts.from, "Source placements, one per axis, e.g. \"S(0),P(sum)\"")->required();
-  c->add_option("--to", opts.to, "Target placements, e.g. \"R,S(1)\"")->required();
+  c->add_option("--from", opts.from, "Source placements, one per axis, e.g. \"S(0),P(sum)\" (required)");
+  c->add_option("--to", opts.to, "Target placements, e.g. \"R,S(1)\" (required)");
   c->add_option("--dtype", opts.dtype, "Element type")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16", "int32", "int64"}))
       ->capture_default_str();
   c->add_option("--profile", opts.profile,
                 "Cost model from `dtrain bench comm --profile FILE` (default: built-in figures)");
+  CLI::App* solve = c->add_subcommand(
+      "solve",
+      "Solve the layout of `dtrain train`'s GPT step with the whole-step sharding solver and explain it: "
+      "each "
+      "parameter's placements, each redistribution with the op that needs it, its bytes and predicted time, "
+      "the predicted step time and memory per rank (docs/planning.md). Takes every option of `dtrain train`");
+  add_train_options(solve, opts.train);
+  solve->add_option("--mesh", opts.mesh, "Mesh axis sizes to plan for, e.g. 2 or 2,2")->capture_default_str();
+  solve->add_option("--budget", opts.budget, "Memory per rank the plan must fit, e.g. 8M (default: none)");
+  solve->add_option("--compare-budget", opts.compare_budget,
+                    "Solve again under this budget and show what differs between the two plans");
+  opts.solve_command = solve;
   return c;
 }
 
 int run_explain(const ExplainOptions& opts) {
   using namespace dtrain::tensor;
+  if (opts.solve_command != nullptr && opts.solve_command->parsed()) {
+    train::SolveOptions s;
+    s.mesh = parse_sizes("--mesh", opts.mesh);
+    train::TrainOptions o = train_options(opts.train);
+    s.profile = o.profile == "builtin" ? "" : o.profile;
+    if (!opts.budget.empty())
+      s.budget = static_cast<double>(parse_bytes("explain solve: --budget", opts.budget));
+    if (!opts.compare_budget.empty()) {
+      s.compare_budget =
+          static_cast<double>(parse_bytes("explain solve: --compare-budget", opts.compare_budget));
+    }
+    std::fputs(train::solve_gpt(o, s).c_str(), stdout);
+    return 0;
+  }
+  if (opts.from.empty() || opts.to.empty()) {
+    throw ValueError(
+        "explain: --from and --to are required: the placements to redistribute from and to, one per mesh "
+        "axis "
+        "(e.g. --from \"S(0),P(sum)\" --to \"R,S(1)\"). To solve a whole step's layout instead, use "
+        "`dtrain explain solve`.");
+  }
   RedistributeProblem p;
   p.mesh_shape = parse_sizes("--mesh", opts.mesh);
   p.shape = parse_sizes("--shape", opts.shape);

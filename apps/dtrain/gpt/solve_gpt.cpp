@@ -1,0 +1,99 @@
+// solve_gpt; see solve_gpt.h.
+#include "apps/dtrain/gpt/solve_gpt.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "comm/rehearsal.h"
+#include "core/error.h"
+#include "mesh/device_mesh.h"
+#include "models/gpt.h"
+#include "plan/solution_report.h"
+#include "plan/step_graph.h"
+#include "plan/step_record.h"
+#include "tensor/distribute_module.h"
+#include "tensor/dtensor.h"
+
+namespace dtrain::train {
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string mib(double b) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB", b / 1048576);
+  return text;
+}
+
+}  // namespace
+
+std::string solve_gpt(const TrainOptions& o, const SolveOptions& s) {
+  models::GPTConfig cfg = o.model;
+  cfg.vocab_size = 256;  // bytes, as dtrain train
+  cfg.seed = o.seed;
+  const int64_t batch = o.batch, seq = cfg.block_size;
+  if (batch < 1) throw ValueError(str_cat("explain solve: --batch ", batch, " must be at least 1."));
+  models::GPT gpt(cfg);
+  auto one = std::make_shared<const mesh::DeviceMesh>(comm::rehearsal_group(1), std::vector<int64_t>{1},
+                                                      std::vector<std::string>{"dp"});
+  tensor::distribute_module(*gpt, one);
+  torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+  const at::Tensor tokens = at::arange(batch * (seq + 1), at::kLong).view({batch, seq + 1}) * 7 % 256;
+  auto step = [&](int64_t b) {
+    auto part = [&](int64_t from, int64_t to) {
+      return tensor::from_local(tokens.slice(0, 0, b).slice(1, from, to).contiguous(), one,
+                                {tensor::Replicate()});
+    };
+    opt.zero_grad();
+    gpt->loss(part(0, seq), part(1, seq + 1)).backward();
+    opt.step();
+  };
+  plan::NamedTensors named;
+  for (const auto& p : gpt->named_parameters()) named.emplace_back(p.key(), p.value());
+  auto t0 = std::chrono::steady_clock::now();
+  const plan::StepRecord record = plan::record_step_at(step, batch, 1, s.mesh, named);
+  const double record_s = since(t0);
+  const int axes = static_cast<int>(s.mesh.size());
+  const comm::CostModel comm = s.profile.empty()
+                                   ? comm::CostModel::defaults(axes)
+                                   : comm::CostModel::from_profile(comm::read_profile(s.profile), axes);
+  t0 = std::chrono::steady_clock::now();
+  plan::StepGraph g = plan::build_step_graph(record, s.mesh, comm);
+  const double graph_s = since(t0);
+  auto solve = [&](double budget, double* seconds) {
+    g.problem.memory_budget = budget > 0 ? budget : std::numeric_limits<double>::infinity();
+    const auto t = std::chrono::steady_clock::now();
+    plan::SolverSolution sol = plan::solve_sharding(g.problem);
+    *seconds = since(t);
+    return sol;
+  };
+  double solve_s = 0, compare_s = 0;
+  const plan::SolverSolution first = solve(s.budget, &solve_s);
+  std::string mesh_text;
+  for (int64_t m : s.mesh) mesh_text += str_cat(mesh_text.empty() ? "" : "x", m);
+  std::string out =
+      str_cat("GPT ", cfg.n_layer, "x", cfg.n_embd, ", ", cfg.n_head, " heads, seq ", seq, ", batch ", batch,
+              ", AdamW, on a ", mesh_text, " mesh: ", record.ops.size(), " ops recorded in ",
+              std::to_string(record_s).substr(0, 4), " s (batches 1 and 2, scaled), graph in ",
+              std::to_string(graph_s).substr(0, 4), " s, solved in ", std::to_string(solve_s).substr(0, 4),
+              " s\n", "cost model: ",
+              s.profile.empty() ? "built-in defaults (loopback TCP figures; --profile FILE for measured ones)"
+                                : s.profile,
+              "\n", plan::explain_solution(record, g, first, comm));
+  if (s.compare_budget > 0) {
+    const plan::SolverSolution second = solve(s.compare_budget, &compare_s);
+    out += str_cat("\n", plan::diff_solutions(record, g, first, second,
+                                              s.budget > 0 ? "budget " + mib(s.budget) : "no budget",
+                                              "budget " + mib(s.compare_budget), comm));
+  }
+  return out;
+}
+
+}  // namespace dtrain::train
