@@ -58,7 +58,8 @@ StepGraph build_step_graph(const StepRecord& record, const std::vector<int64_t>&
                            const comm::CostModel& comm,
                            double memory_budget = std::numeric_limits<double>::infinity());
 
-// The redistributions a plan (`choice`: one option per node of `g`) makes in a step, in the order they happen.
+// The redistributions a plan (`choice`: one option per node of `g`) makes in a step, in the order they
+// happen.
 std::vector<Redistribution> redistributions(const StepRecord& record, const StepGraph& g,
                                             const std::vector<int>& choice, const comm::CostModel& comm);
 
