@@ -215,6 +215,35 @@ StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh
   return g;
 }
 
+void pin_value(StepGraph& g, const StepRecord& r, const std::string& name,
+               const tensor::Placements& placements) {
+  std::string names, options;
+  int pinned = 0;
+  for (size_t n = 0; n < g.value.size(); ++n) {
+    if (g.value[n] < 0 || r.values[g.value[n]].name.empty()) continue;
+    const std::string& here = r.values[g.value[n]].name;
+    if (here != name) {
+      if (names.size() < 300) names += str_cat(names.empty() ? "" : ", ", here);
+      continue;
+    }
+    const auto& opts = g.placements[n];
+    const auto it = std::find(opts.begin(), opts.end(), placements);
+    if (it == opts.end()) {
+      for (const auto& o : opts) options += str_cat(options.empty() ? "" : ", ", tensor::to_string(o));
+      throw ValueError(str_cat("sharding solver: cannot pin ", name, " ", value_name(r, g.value[n]), " to ",
+                               tensor::to_string(placements), ": it can take ", options,
+                               ". Pin it to one of those."));
+    }
+    g.problem.nodes[n].pinned = static_cast<int>(it - opts.begin());
+    ++pinned;
+  }
+  if (pinned == 0) {
+    throw ValueError(str_cat("sharding solver: no value named ", name, " to pin; the named ones are ",
+                             names.empty() ? std::string("(none)") : names,
+                             ". Name a parameter as named_parameters() does."));
+  }
+}
+
 std::vector<Redistribution> redistributions(const StepRecord& r, const StepGraph& g,
                                             const std::vector<int>& choice, const comm::CostModel& comm) {
   tensor::PlanCache plans(comm);

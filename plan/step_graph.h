@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "comm/cost_model.h"
@@ -57,6 +58,12 @@ struct Redistribution {
 StepGraph build_step_graph(const StepRecord& record, const std::vector<int64_t>& mesh_shape,
                            const comm::CostModel& comm,
                            double memory_budget = std::numeric_limits<double>::infinity());
+
+// Pins every outside value named `name` (a parameter's name, or a name given to record_step) to
+// `placements`: the solver keeps it there (SolverNode::pinned). ValueError naming the value when no outside
+// value has that name (with the names there are), or when `placements` is not one of its options (with them).
+void pin_value(StepGraph& g, const StepRecord& record, const std::string& name,
+               const tensor::Placements& placements);
 
 // The redistributions a plan (`choice`: one option per node of `g`) makes in a step, in the order they
 // happen.

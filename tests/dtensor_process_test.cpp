@@ -161,6 +161,18 @@ TEST(Explain, SolvesTheGptsLayoutAndExplainsIt) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
   text = read_file(out);
   EXPECT_NE(text.find("placements that differ (no budget -> budget "), std::string::npos) << text;
+  // Constraints: a parameter's placements, and the batch sharded over mesh axis 0.
+  cmd = std::string(DTRAIN_BINARY) + model + " --pin h0.mlp.fc.weight=R --pin 'h1.attn.q.weight=S(1)'" +
+        " --batch-axis 0 > " + out + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(out);
+  text = read_file(out);
+  for (const char* want : {"h0.mlp.fc.weight [256, 64]  (R)", "h1.attn.q.weight [64, 64]  (S(1))",
+                           "tokens [8, 32]  (S(0))", "targets [8, 32]  (S(0))"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  cmd = std::string(DTRAIN_BINARY) + model + " --pin nosuch.weight=R > " + out + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
+  EXPECT_NE(read_file(out).find("no value named nosuch.weight to pin"), std::string::npos) << read_file(out);
   cmd = std::string(DTRAIN_BINARY) + model + " --budget 1K > " + out + " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 2);
   EXPECT_NE(read_file(out).find("no plan fits the memory budget of 1024 bytes"), std::string::npos)

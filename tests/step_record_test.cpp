@@ -226,6 +226,29 @@ TEST(StepGraph, TheMlpsStepOnTwoRanksReplicatedOrShardedUnderABudget) {
   for (size_t n = 0; n < g.problem.nodes.size(); ++n) sharded += tight.choice[n] != rep[n];
   EXPECT_GT(sharded, 0);
   EXPECT_GE(tight.time_s, free.time_s);
+  // A pinned parameter keeps its placements under the budget; an unknown name or placement is an error.
+  dtrain::plan::NamedTensors names;
+  for (const auto& p : m.net->named_parameters()) names.emplace_back(p.key(), p.value());
+  StepRecord named = record_step([&] { m.step(); }, {2}, names);
+  dtrain::plan::StepGraph pinned = dtrain::plan::build_step_graph(named, {2}, comm, 0.7 * g.replicated_bytes);
+  dtrain::plan::pin_value(pinned, named, "0.weight", {dtrain::tensor::Replicate()});
+  dtrain::plan::pin_value(pinned, named, "2.weight", {dtrain::tensor::Shard(0)});
+  dtrain::plan::SolverSolution kept = dtrain::plan::solve_sharding(pinned.problem);
+  int seen = 0;
+  for (size_t n = 0; n < pinned.problem.nodes.size(); ++n) {
+    if (pinned.value[n] < 0) continue;
+    const std::string& name = named.values[pinned.value[n]].name;
+    if (name == "0.weight" || name == "2.weight") {
+      ++seen;
+      EXPECT_EQ(dtrain::tensor::to_string(pinned.placements[n][kept.choice[n]]),
+                name == "0.weight" ? "(R)" : "(S(0))");
+    }
+  }
+  EXPECT_EQ(seen, 2);
+  EXPECT_THROW(dtrain::plan::pin_value(pinned, named, "9.weight", {dtrain::tensor::Replicate()}),
+               dtrain::ValueError);
+  EXPECT_THROW(dtrain::plan::pin_value(pinned, named, "0.weight", {dtrain::tensor::Shard(2)}),
+               dtrain::ValueError);
   // A step recorded without the mesh shape has no choices: the error names the first op.
   try {
     dtrain::plan::build_step_graph(record_step([&] { m.step(); }), {2}, comm);

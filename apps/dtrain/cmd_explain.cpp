@@ -66,6 +66,13 @@ CLI::App* add_explain_command(CLI::App& app, ExplainOptions& opts) {
   solve->add_option("--budget", opts.budget, "Memory per rank the plan must fit, e.g. 8M (default: none)");
   solve->add_option("--compare-budget", opts.compare_budget,
                     "Solve again under this budget and show what differs between the two plans");
+  solve->add_option(
+      "--pin", opts.pins,
+      "Keep a parameter's placements, NAME=PLACEMENTS, e.g. h0.mlp.fc.weight=S(0) (repeatable)");
+  solve
+      ->add_option("--batch-axis", opts.batch_axis,
+                   "The mesh axis the batch stays sharded over (the inputs S(0) on it, R on the others)")
+      ->check(CLI::Range(0, 16));
   opts.solve_command = solve;
   return c;
 }
@@ -83,6 +90,15 @@ int run_explain(const ExplainOptions& opts) {
       s.compare_budget =
           static_cast<double>(parse_bytes("explain solve: --compare-budget", opts.compare_budget));
     }
+    for (const std::string& pin : opts.pins) {
+      const size_t eq = pin.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == pin.size()) {
+        throw ValueError(str_cat("explain solve: --pin '", pin,
+                                 "' is not NAME=PLACEMENTS. Write e.g. --pin h0.mlp.fc.weight=S(0)."));
+      }
+      s.pins.emplace_back(pin.substr(0, eq), pin.substr(eq + 1));
+    }
+    s.batch_axis = opts.batch_axis;
     std::fputs(train::solve_gpt(o, s).c_str(), stdout);
     return 0;
   }

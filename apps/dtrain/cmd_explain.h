@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "apps/dtrain/cmd_train.h"
 #include "apps/dtrain/gpt/solve_gpt.h"
@@ -23,6 +24,8 @@ struct ExplainOptions {
   CLI::App* solve_command = nullptr;
   TrainCommand train;
   std::string budget, compare_budget;  // bytes ("8M")
+  std::vector<std::string> pins;       // NAME=PLACEMENTS
+  int batch_axis = -1;
 };
 
 CLI::App* add_explain_command(CLI::App& app, ExplainOptions& opts);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "comm/rehearsal.h"
 #include "core/error.h"
@@ -46,16 +47,23 @@ std::string solve_gpt(const TrainOptions& o, const SolveOptions& s) {
   tensor::distribute_module(*gpt, one);
   torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
   const at::Tensor tokens = at::arange(batch * (seq + 1), at::kLong).view({batch, seq + 1}) * 7 % 256;
-  auto step = [&](int64_t b) {
+  // The inputs at the two batches the record is made at, made once, so that they can be named.
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> inputs;
+  plan::NamedTensors named;
+  for (int64_t b : {int64_t{1}, int64_t{2}}) {
     auto part = [&](int64_t from, int64_t to) {
       return tensor::from_local(tokens.slice(0, 0, b).slice(1, from, to).contiguous(), one,
                                 {tensor::Replicate()});
     };
+    inputs[b] = {part(0, seq), part(1, seq + 1)};
+    named.emplace_back("tokens", inputs[b].first);
+    named.emplace_back("targets", inputs[b].second);
+  }
+  auto step = [&](int64_t b) {
     opt.zero_grad();
-    gpt->loss(part(0, seq), part(1, seq + 1)).backward();
+    gpt->loss(inputs.at(b).first, inputs.at(b).second).backward();
     opt.step();
   };
-  plan::NamedTensors named;
   for (const auto& p : gpt->named_parameters()) named.emplace_back(p.key(), p.value());
   auto t0 = std::chrono::steady_clock::now();
   const plan::StepRecord record = plan::record_step_at(step, batch, 1, s.mesh, named);
@@ -67,6 +75,17 @@ std::string solve_gpt(const TrainOptions& o, const SolveOptions& s) {
   t0 = std::chrono::steady_clock::now();
   plan::StepGraph g = plan::build_step_graph(record, s.mesh, comm);
   const double graph_s = since(t0);
+  for (const auto& [name, text] : s.pins) plan::pin_value(g, record, name, tensor::parse_placements(text));
+  if (s.batch_axis >= 0) {
+    if (s.batch_axis >= axes) {
+      throw ValueError(str_cat("explain solve: --batch-axis ", s.batch_axis, " is not an axis of the ", axes,
+                               "-axis mesh: give 0 to ", axes - 1, "."));
+    }
+    tensor::Placements batch(axes, tensor::Replicate());
+    batch[s.batch_axis] = tensor::Shard(0);
+    plan::pin_value(g, record, "tokens", batch);
+    plan::pin_value(g, record, "targets", batch);
+  }
   auto solve = [&](double budget, double* seconds) {
     g.problem.memory_budget = budget > 0 ? budget : std::numeric_limits<double>::infinity();
     const auto t = std::chrono::steady_clock::now();

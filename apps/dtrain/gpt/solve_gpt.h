@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/dtrain/gpt/train_gpt.h"
@@ -17,6 +18,10 @@ struct SolveOptions {
   double budget = 0;             // bytes per rank (0: none)
   double compare_budget = 0;     // a second plan under this budget, set beside the first (0: none)
   std::string profile;           // a `dtrain bench comm --profile` file ("": the built-in cost model)
+  // Constraints: (parameter name, placements) pairs ("h0.mlp.fc.weight", "S(0)"); and the mesh axis the
+  // batch stays sharded over (the inputs, `tokens` and `targets`, S(0) on it and R on the others; -1: free).
+  std::vector<std::pair<std::string, std::string>> pins;
+  int batch_axis = -1;
 };
 
 // The explanation, as printed. ValueError for a budget no plan fits (naming it and the least any plan needs).
