@@ -88,12 +88,47 @@ bool returns_view(const c10::FunctionSchema& schema) {
   return views[&schema] = view;
 }
 
+std::string choice_string(const Choice& c) {
+  std::string d = "inputs";
+  for (const auto& p : c.inputs) d += " " + to_string(p);
+  d += ", outputs";
+  for (const auto& p : c.outputs) d += " " + to_string(p);
+  return d;
+}
+
+// A solved plan's choice for this call (FollowPlan): one the rule allows for these arguments, or a ValueError
+// naming the op's position, the choice and what was possible.
+const Choice& planned_choice(const c10::OperatorHandle& op, const RulePlan& plan, const Choice& planned,
+                             const std::vector<std::pair<size_t, at::Tensor>>& dts, bool in_place) {
+  for (const Choice& c : plan.choices) {
+    if (c.inputs == planned.inputs && c.outputs == planned.outputs) return c;
+  }
+  std::string shapes;
+  for (const auto& [i, t] : dts) shapes += str_cat(shapes.empty() ? "" : " ", t.sizes());
+  std::string why;
+  if (in_place && !planned.inputs.empty() && planned.inputs[0] != placements_of(dts[0].second)) {
+    why = str_cat(" It writes its first argument in place, which has placements ",
+                  to_string(placements_of(dts[0].second)),
+                  " here: place the parameters and the optimizer's "
+                  "state as the plan says before following it (plan::place_values).");
+  }
+  throw ValueError(
+      str_cat(rank_prefix(), " DTensor: following the solved plan, op #", detail::planned_position(), " ",
+              op_name(op), " should run with ", choice_string(planned),
+              ", which its sharding rule does not allow for these arguments (shapes ", shapes, "; it allows ",
+              plan.choices.size(), " ways, e.g. ",
+              plan.choices.empty() ? std::string("none") : choice_string(plan.choices[0]), ").",
+              why.empty() ? " The step differs from the one recorded: record and solve it again." : why));
+}
+
 // Runs `op` by its sharding rule (planned by cached_plan): redistributes the inputs, runs on the blocks, and
-// wraps the outputs. False when the rule does not apply.
+// wraps the outputs, with the cheapest choice for this op, or `planned` (a solved plan's). False when the
+// rule does not apply.
 bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, const RuleSpec& spec,
                    const std::vector<std::pair<size_t, at::Tensor>>& dts, const MeshPtr& mesh, bool in_place,
                    const DecisionCheck& check,
-                   std::optional<std::pair<size_t, at::Tensor>> out_arg = std::nullopt) {
+                   std::optional<std::pair<size_t, at::Tensor>> out_arg = std::nullopt,
+                   const Choice* planned = nullptr) {
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t n_ret = schema.returns().size();
@@ -106,14 +141,12 @@ bool run_with_rule(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   const RuleResult& res = plan->res;
   const auto& shapes = plan->shapes;
   const auto& first_of = plan->first_of;
-  const Choice* best = &plan->best;
+  const Choice* best = planned ? &planned_choice(op, *plan, *planned, dts, in_place) : &plan->best;
   const size_t n_out = first_of.size() - 1;
   if (check.decisions || check.plain) {
-    std::string d = str_cat("rule", in_place ? " in place" : "", out_arg ? " out=" : "", ", inputs");
-    for (const auto& p : best->inputs) d += " " + to_string(p);
-    d += ", outputs";
-    for (const auto& p : best->outputs) d += " " + to_string(p);
-    check.verify(op, mesh, dts, d);
+    check.verify(op, mesh, dts,
+                 str_cat("rule", in_place ? " in place" : "", out_arg ? " out=" : "",
+                         planned ? " planned" : "", ", ", choice_string(*best)));
   }
 
   // The blocks, redistributed as the choice needs, in place of the DTensors (in dts order). A view op gets a
@@ -269,6 +302,7 @@ bool in_place_functionally(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const MeshPtr& mesh) {
   comm::CommCause cause(op);  // the collectives this op needs are logged under its name
+  const Choice* planned = detail::next_planned(op);  // following a solved plan: its choice for this op
   const auto& schema = op.schema();
   const size_t n_args = schema.arguments().size();
   const size_t base = stack->size() - n_args;
@@ -341,6 +375,18 @@ void handle_on(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Me
   bool in_place_self = n_written == 1 && dts[0].first == base && schema.returns().size() == 1 &&
                        schema.arguments()[0].alias_info() != nullptr &&
                        schema.arguments()[0].alias_info()->isWrite();
+  if (planned) {  // by the rule, with the plan's choice, whatever the inputs' placements
+    const RuleSpec* rule = (!writes || in_place_self) && plain_only_scalars ? rule_of(op) : nullptr;
+    if (rule && run_with_rule(op, stack, *rule, dts, mesh, in_place_self, check, std::nullopt, planned))
+      return;
+    throw ValueError(str_cat(rank_prefix(), " DTensor: following the solved plan, op #",
+                             detail::planned_position(), " ", op_name(op),
+                             " should run by its sharding rule with ", choice_string(*planned), ", but ",
+                             !plain_only_scalars        ? "it writes a plain tensor"
+                             : writes && !in_place_self ? "it writes an argument other than its first"
+                                                        : "no rule applies to these arguments",
+                             " here. The step differs from the one recorded: record and solve it again."));
+  }
   if ((!writes || in_place_self) && plain_only_scalars) {
     const RuleSpec* rule = rule_of(op);
     // (A view op on Replicate blocks laid out otherwise than their DTensors goes by its rule: its result
@@ -474,7 +520,7 @@ void handle(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return at::Tensor();
   });
   DTRAIN_ASSERT(mesh != nullptr, "the DTensor handler ran ", op_name(op), " without a DTensor argument");
-  if (!detail::observing()) {
+  if (!detail::observing() && !detail::following()) {
     detail::reporting_failures(mesh, [&] { handle_on(op, stack, mesh); });
     return;
   }

@@ -29,6 +29,8 @@ namespace detail {
 
 bool observing() { return static_cast<bool>(t_observer); }
 
+int handler_depth() { return t_depth; }
+
 void observed(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::function<void()>& handle) {
   if (t_depth > 0) {  // an op the handler runs while handling another: not the step's own
     Depth d;
@@ -36,13 +38,15 @@ void observed(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std
     return;
   }
   const size_t n_args = op.schema().arguments().size();
-  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n_args), stack->end());
+  std::vector<c10::IValue> args;
+  if (t_observer) args.assign(stack->end() - static_cast<std::ptrdiff_t>(n_args), stack->end());
   Depth d;  // (held while the observer runs too: what it does on DTensors is not the step's)
   const auto start = std::chrono::steady_clock::now();
   handle();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const size_t n_ret = op.schema().returns().size();
   std::vector<c10::IValue> rets(stack->end() - static_cast<std::ptrdiff_t>(n_ret), stack->end());
+  if (!t_observer) return;           // (following a plan without observing)
   OpObserver observer = t_observer;  // (the observer may install another)
   observer(op, args, rets, seconds);
 }

@@ -134,11 +134,11 @@ std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::ji
       throw ValueError(str_cat(rank_prefix(), " DTensor: ", op_name(op), ": ", e.what()));
     }
   };
-  RulePlan plan{rule(), {}, {}, {}, {0}, {}};
+  RulePlan plan{rule(), {}, {}, {}, {0}, {}, {}};
   const RuleResult& res = plan.res;
   plan.shapes = spec.gives_shapes ? res.output_shapes : call.output_shapes;
-  // Ops whose shapes the rule gives (no meta kernel) return fresh contiguous tensors.
-  plan.strides = spec.gives_shapes ? std::vector<std::vector<int64_t>>() : inferred.strides;
+  // Ops whose shapes the rule gives (no meta kernel) return fresh tensors, contiguous unless the rule says.
+  plan.strides = spec.gives_shapes ? res.output_strides : inferred.strides;
   plan.strides.resize(plan.shapes.size());
   plan.offsets = spec.gives_shapes ? std::vector<int64_t>() : inferred.offsets;
   plan.offsets.resize(plan.shapes.size(), 0);
@@ -165,6 +165,7 @@ std::optional<RulePlan> plan_rule(const c10::OperatorHandle& op, const torch::ji
     } catch (const Error&) {
       return;  // no way to reach these inputs: skip the combination
     }
+    plan.choices.push_back(ch);
     if (!best || cost < best_cost) {
       best_cost = cost;
       best = ch;

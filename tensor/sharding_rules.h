@@ -58,6 +58,10 @@ struct RuleResult {
   std::vector<AxisStrategy> options;
   // The outputs' global shapes, for ops whose shapes the handler cannot infer (no meta kernel in C++).
   std::vector<std::vector<int64_t>> output_shapes;
+  // With output_shapes, optional: their global strides as libtorch's kernel lays the outputs out on one
+  // process, where that is not contiguous (empty: contiguous). Later ops decide by them (a reshape views or
+  // copies, contiguous() copies or not), so a DTensor must carry the strides the plain tensor would.
+  std::vector<std::vector<int64_t>> output_strides;
   // Optional: false for a combination the local op cannot compute (checked by the rule for every
   // coordinate, so every rank decides alike).
   std::function<bool(const Choice&)> valid;

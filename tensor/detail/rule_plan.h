@@ -49,6 +49,7 @@ struct RulePlan {
   std::vector<int64_t> offsets;               // global storage offsets (views)
   std::vector<size_t> first_of;
   Choice best;
+  std::vector<Choice> choices;  // every valid one (a solved plan's choice must be among them)
 };
 
 // Plans per (op, arguments' specs) once: later calls with the same key reuse the decision (nullptr: the rule

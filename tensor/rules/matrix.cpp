@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
+#include "tensor/detail/dtensor_meta.h"
 #include "tensor/sharding_rules.h"
 
 namespace dtrain::tensor::rules {
@@ -84,11 +85,18 @@ RuleResult attention_rule(const RuleCall& c, size_t n_tensors, size_t n_out) {
       stack.emplace_back(gv);
     }
   };
+  // The layouts libtorch's CPU kernels give (one process): the output in the query's dim order, the
+  // logsumexp [B, H, T] stored as [B, T, H], the gradients [B, H, T, D] stored as [B, T, H, D].
+  const std::vector<int64_t> heads_inside{4, 2, 3, 1};
   if (n_out == 2) {
     const auto& q = c.input_shapes[0];
     r.output_shapes = {{q[0], q[1], q[2], c.input_shapes[2][3]}, {q[0], q[1], q[2]}};
+    r.output_strides = {detail::dense_strides(r.output_shapes[0], (*c.args)[0].toTensor().strides()),
+                        detail::dense_strides(r.output_shapes[1], {3, 1, 2})};
   } else {
     r.output_shapes = {c.input_shapes[1], c.input_shapes[2], c.input_shapes[3]};
+    for (const auto& shape : r.output_shapes)
+      r.output_strides.push_back(detail::dense_strides(shape, heads_inside));
   }
   return r;
 }
