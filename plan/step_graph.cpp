@@ -35,6 +35,13 @@ std::string value_name(const StepRecord& r, int v) {
 
 }  // namespace
 
+bool writes(const StepRecord& record, int op, int v) {
+  for (int w : record.ops[op].outputs) {
+    if (record.values[w].previous == v) return true;
+  }
+  return false;
+}
+
 int StepGraph::source(const StepRecord& r, int v) const {
   return r.values[v].producer >= 0 ? node_of_op[r.values[v].producer] : node_of_value[v];
 }
@@ -167,7 +174,10 @@ StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh
   // state back to its node. Edges between one pair of nodes add up.
   tensor::PlanCache plans(comm);
   std::map<std::pair<int, int>, size_t> edge_of;
-  auto add_edge = [&](int v, int to, const std::function<const tensor::Placements&(int)>& to_placement) {
+  // `written`: the op writes the value in place, which keeps its placements (the handler cannot move a
+  // tensor it writes): any other placement is forbidden.
+  auto add_edge = [&](int v, int to, const std::function<const tensor::Placements&(int)>& to_placement,
+                      bool written = false) {
     const int from = source(v);
     const RecordedValue& value = r.values[v];
     if (from == to) return;
@@ -177,7 +187,7 @@ StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh
       for (size_t b = 0; b < cost[a].size(); ++b) {
         tensor::RedistributeProblem rp{value.sizes, value.element_size, mesh_shape, src,
                                        to_placement(static_cast<int>(b))};
-        cost[a][b] = src == rp.to ? 0 : plans.get(rp)->seconds;
+        cost[a][b] = src == rp.to ? 0 : written ? kForbidden_s : plans.get(rp)->seconds;
       }
     }
     auto it = edge_of.find({from, to});
@@ -201,7 +211,9 @@ StepGraph build_step_graph(const StepRecord& r, const std::vector<int64_t>& mesh
     const RecordedOp& op = r.ops[i];
     for (size_t k = 0; k < op.choice_inputs.size(); ++k) {
       const int v = op.inputs[op.choice_inputs[k]];
-      add_edge(v, node_of_op[i], [&](int b) -> const tensor::Placements& { return op.choices[b].inputs[k]; });
+      add_edge(
+          v, node_of_op[i], [&](int b) -> const tensor::Placements& { return op.choices[b].inputs[k]; },
+          writes(r, i, v));
     }
   }
   std::vector<int> last(r.values.size(), -1);  // per root: its last value

@@ -18,6 +18,13 @@
 
 namespace dtrain::plan {
 
+// An edge's cost where the placements differ and the reading op writes the value in place (the handler keeps
+// a written tensor's placements, so no plan may move it there): no plan within reach costs this much.
+constexpr double kForbidden_s = 1e9;
+
+// Whether op `op` of `record` writes value `v` in place (an output of it is v's next state).
+bool writes(const StepRecord& record, int op, int v);
+
 struct StepGraph {
   SolverProblem problem;
   // What solver node i stands for: record.ops[op[i]] (value[i] = -1), or the outside value

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/backend.h"
 #include "tensor/sharding_rules.h"
 
 namespace dtrain::plan {
@@ -73,5 +74,10 @@ StepRecord record_step(const std::function<void()>& step, const std::vector<int6
 // change which placements an op can take.
 StepRecord record_step_at(const std::function<void(int64_t batch)>& step, int64_t batch, int64_t small = 1,
                           const std::vector<int64_t>& mesh_shape = {}, const NamedTensors& named = {});
+
+// Makes every rank's record of the step time its ops alike: rank 0's op seconds go to every rank of `group`
+// (a broadcast). Each rank records on its own and its clock differs, and the solver must get the same problem
+// on every rank to give them the same plan. ValueError when the ranks recorded different numbers of ops.
+void share_op_times(StepRecord& record, comm::Backend& group);
 
 }  // namespace dtrain::plan

@@ -327,6 +327,8 @@ int main(int argc, char** argv) {
       suite_dtensor(world);
     } else if (suite == "gpt") {
       suite_gpt(world);
+    } else if (suite == "solved") {
+      suite_solved(world);
     } else if (suite == "dp") {
       suite_data_parallel(world);
     } else if (suite == "zero") {

@@ -56,6 +56,22 @@ INSTANTIATE_TEST_SUITE_P(Backends, DTensorE2E,
                                            std::make_tuple("gloo", 3), std::make_tuple("mpi", 2)),
                          backend_ranks_name);
 
+// A solved step (tests/worker_solved.cpp): an MLP and models::GPT recorded on one rank, solved for the mesh
+// under a memory budget, and trained by the plan (tensor::FollowPlan) equal to one process, on 1-4 ranks.
+class SolvedStep : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(SolvedStep, RunsByThePlanAndMatchesOneProcess) {
+  auto [backend, n] = GetParam();
+  Job job = run_worker(backend, n, "solved");
+  expect_all_ok(job, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SolvedStep,
+                         ::testing::Values(std::make_tuple("gloo", 1), std::make_tuple("gloo", 2),
+                                           std::make_tuple("gloo", 3), std::make_tuple("gloo", 4),
+                                           std::make_tuple("mpi", 2)),
+                         backend_ranks_name);
+
 // The validation matrix of the ops with sharding rules (tests/worker_ops.cpp): sampled input placement
 // combinations, forward and backward, equal the plain op; no combination gathers; refusals are the listed
 // ones. On a line of 2, 3 and 4 ranks and the 2-d meshes 1x3, 3x1 (3 ranks) and 2x2 (4 ranks), on both

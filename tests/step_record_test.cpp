@@ -15,9 +15,11 @@
 #include "mesh/device_mesh.h"
 #include "models/gpt.h"
 #include "plan/step_graph.h"
+#include "plan/step_plan.h"
 #include "plan/step_record.h"
 #include "tensor/distribute_module.h"
 #include "tensor/dtensor.h"
+#include "tensor/follow_plan.h"
 
 namespace {
 
@@ -303,6 +305,65 @@ TEST(StepGraph, TheGptsStepOnFourRanks) {
       "solved in %.2f s (width %d, gap %.3g, %d eliminations); replicated peak %.1f MiB, plan %.1f MiB\n",
       r.ops.size(), r.values.size(), g.problem.nodes.size(), g.problem.edges.size(), record_s, build_s,
       solve_s, s.width, s.gap, s.solves, g.replicated_bytes / 1048576, s.memory / 1048576);
+}
+
+// Expects `f` to throw a ValueError whose message holds every one of `needles`.
+template <class F>
+void expect_value_error(F&& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const dtrain::ValueError& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+// Following a solved plan: the steps that run the recorded ops pass; an op other than the plan's at its
+// position, an op beyond the plan, a step that ends early and placements the rule does not allow are errors
+// naming the position and the ops.
+TEST(FollowPlan, RunsTheRecordedStepAndRefusesAnyOther) {
+  Mlp m;
+  m.step();
+  StepRecord r = record_step([&] { m.step(); }, {1});
+  dtrain::plan::StepGraph g = dtrain::plan::build_step_graph(r, {1}, dtrain::comm::CostModel::defaults(1));
+  const dtrain::plan::StepPlan p =
+      dtrain::plan::step_plan(r, g, dtrain::plan::solve_sharding(g.problem).choice);
+  ASSERT_EQ(p.ops.size(), r.ops.size());
+  {
+    dtrain::tensor::FollowPlan follow(p.ops);
+    m.step();
+    follow.end_step();
+    m.step();
+    follow.end_step();
+    EXPECT_EQ(follow.steps(), 2);
+  }
+  {
+    dtrain::tensor::FollowPlan follow(p.ops);
+    expect_value_error([&] { (void)(m.x * 2); }, {"op #0 of the step is aten::mul", p.ops[0].name});
+  }
+  {
+    dtrain::tensor::FollowPlan follow(p.ops);
+    m.step();
+    expect_value_error([&] { (void)(m.x * 2); }, {"beyond the solved plan", "aten::mul"});
+  }
+  {
+    dtrain::tensor::FollowPlan follow(p.ops);
+    m.opt->zero_grad();
+    (void)m.net->forward(m.x);
+    expect_value_error([&] { follow.end_step(); }, {"the step ended after", "record and solve it again"});
+  }
+  {
+    auto bad = p.ops;
+    size_t k = 0;
+    while (k < bad.size() && bad[k].name != "aten::addmm") ++k;
+    ASSERT_LT(k, bad.size());
+    bad[k].choice.outputs[0] = {dtrain::tensor::Shard(5)};
+    dtrain::tensor::FollowPlan follow(bad);
+    expect_value_error([&] { m.step(); },
+                       {"op #" + std::to_string(k) + " aten::addmm", "S(5)", "does not allow"});
+  }
+  // Without a plan the handler chooses by itself again.
+  m.step();
 }
 
 TEST(StepRecord, AStepWithoutDTensorsIsAnError) {

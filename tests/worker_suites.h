@@ -53,6 +53,10 @@ void suite_deterministic(const comm::BackendPtr& world, const std::string& dir);
 void suite_checkpointing(const comm::BackendPtr& world);
 
 void suite_gpt(const comm::BackendPtr& world);
+// A solved step (tests/worker_solved.cpp): an MLP and models::GPT recorded on one rank, solved for the
+// world's mesh under a memory budget, and trained a few steps by the plan (tensor::FollowPlan) equal to one
+// process.
+void suite_solved(const comm::BackendPtr& world);
 // DTensor hardening: out= reductions, casts of Partial, meshes compared by ranks, DTensor's random stream,
 // plain tensors and decisions checked across ranks, views, from_local gradients, uneven and empty blocks,
 // bounded caches.
