@@ -15,7 +15,7 @@ set(allowed_parallel "core;comm;mesh;dispatch;nn;parallel")
 set(allowed_models "core;nn;models")
 set(allowed_optim "core;comm;mesh;dispatch;parallel;optim")
 set(allowed_checkpoint "core;comm;mesh;dispatch;parallel;optim;models;checkpoint")
-set(allowed_train "core;comm;comm_factory;mesh;dispatch;parallel;optim;plan;models;checkpoint;train")
+set(allowed_train "core;comm;comm_factory;mesh;dispatch;tensor;parallel;optim;plan;models;checkpoint;train")
 set(allowed_plan "core;comm;mesh;dispatch;nn;tensor;parallel;plan")
 # The command and the benchmarks sit on top: anything but a backend folder (only the factory includes those).
 set(allowed_apps "core;launch;comm;comm_factory;mesh;dispatch;tensor;parallel;optim;checkpoint;plan;models;train;apps")

@@ -33,6 +33,7 @@
 #include "parallel/parallelize.h"
 #include "train/detail/trainer_log.h"
 #include "train/schedule.h"
+#include "train/solved_run.h"
 
 namespace dtrain::train {
 
@@ -133,14 +134,23 @@ void check_trainer_options(const TrainerOptions& o) {
     throw ValueError(str_cat("train: --accumulation ", o.accumulation, " must be between 1 and --batch (",
                              o.batch, "): the global batch is split into that many micro-batches."));
   }
+  if (!(o.clip >= 0) || !std::isfinite(o.clip)) {
+    throw ValueError(str_cat("train: --clip ", o.clip,
+                             " must be a positive gradient norm (or 0: no clipping). Use e.g. --clip 1.0."));
+  }
+  if (o.strategy == kSolveStrategy) {
+    check_solve_options(o);
+    return;
+  }
+  if (!o.solve_mesh.empty() || o.solve_budget != 0 || !o.solve_pins.empty()) {
+    throw ValueError(
+        str_cat("train: --solve-mesh, --solve-budget and --solve-pin are for --strategy solve, not ",
+                o.strategy, ". Leave them out, or use --strategy solve."));
+  }
   const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
   if (o.shard_size != 0 && strategy != parallel::Strategy::kHybridShard) {
     throw ValueError(str_cat("train: --shard-size ", o.shard_size, " is for --strategy hsdp only, not ",
                              o.strategy, ". Leave it out, or use --strategy hsdp."));
-  }
-  if (!(o.clip >= 0) || !std::isfinite(o.clip)) {
-    throw ValueError(str_cat("train: --clip ", o.clip,
-                             " must be a positive gradient norm (or 0: no clipping). Use e.g. --clip 1.0."));
   }
   parallel::ParallelConfig pc;
   pc.strategy = o.strategy;
@@ -177,6 +187,16 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
   if (!o_.metrics.empty()) dispatch::install_tensor_memory_counter();
   if (!loss_ || !batches_) throw ValueError("Trainer: the loss function and the batch function must be set.");
   const int64_t ws = world_->group_size();
+  if (o_.strategy == kSolveStrategy) {
+    mp_ = std::make_unique<optim::MixedPrecision>(optim::Precision::kFp32, o_.scaler);
+    at::manual_seed(o_.seed + static_cast<uint64_t>(world_->group_rank()));
+    solved_ = std::make_unique<SolvedRun>(model_, loss_, batches_(1), o_, world_);
+    if (lead()) {
+      std::printf("%s", solved_->summary().c_str());
+      std::fflush(stdout);
+    }
+    return;
+  }
   if (o_.tp < 1 || ws % o_.tp != 0) {
     throw ValueError(str_cat("train: --tp ", o_.tp, " does not divide the world size ", ws,
                              ". Choose a divisor of ", ws, "."));
@@ -259,6 +279,15 @@ Trainer::Trainer(torch::nn::Module& model, LossFn loss, BatchFn batches, Trainer
 }
 
 Trainer::~Trainer() = default;
+
+parallel::Parallelized& Trainer::parallelized() {
+  if (!par_) {
+    throw ValueError(
+        "Trainer: --strategy solve lays the module out by the solver's plan, not by parallelize(): there is "
+        "no Parallelized to give. Use solved_run().");
+  }
+  return *par_;
+}
 
 bool Trainer::lead() const { return world_->group_rank() == 0; }
 
@@ -356,6 +385,10 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
                                global[i].sizes(), "; its dim 0 must be the batch, ", o_.batch, " samples."));
     }
   }
+  if (solved_) {
+    run_solved_step(step, global, info, want_loss, log);
+    return;
+  }
   const int64_t ws = world_->group_size();
   par_->zero_grad();
   double share = 0;  // this rank's part of the global mean loss
@@ -435,6 +468,49 @@ void Trainer::run_step(int64_t step, StepInfo& info, bool want_loss, Log& log) {
     dispatch::reset_tensor_peak();  // the next record's peak: from what is live after this step
   }
   if (!want_loss) last_rss_.clear();
+  info.comm_wait_s = comm::timeline::take_wait_seconds();
+}
+
+// A step under strategy solve: the solved run takes the whole global batch (every rank has it; each places
+// its part as the plan says) and gives the global loss on every rank.
+void Trainer::run_solved_step(int64_t step, const Batch& global, StepInfo& info, bool want_loss, Log& log) {
+  if (o_.batch % o_.accumulation != 0) {
+    throw ValueError(str_cat("train: --strategy solve needs --batch ", o_.batch,
+                             " to be a multiple of --accumulation ", o_.accumulation,
+                             ": the step was recorded with micro-batches of one size."));
+  }
+  const int64_t ws = world_->group_size();
+  info.lr = scheduled_lr(o_, step);
+  double norm = -1;
+  double loss = 0;
+  {
+    comm::timeline::Span span("solved step");
+    loss = solved_->step(global, info.lr, &norm);
+  }
+  info.grad_norm = o_.clip > 0 ? norm : -1.0;
+  info.skipped = false;
+  info.loss = loss;  // (known on every rank: the step's own collectives gathered it)
+  at::Tensor values = at::zeros({3 + 2 * ws}, at::kDouble);
+  const bool peaks = want_loss && dispatch::tensor_memory_counter_installed();
+  if (want_loss) {
+    values[1 + world_->group_rank()] = rss_mib();
+    const std::array<double, 2> lead = log.lead_values(step);
+    values[1 + ws] = lead[0];
+    values[2 + ws] = lead[1];
+    if (peaks)
+      values[3 + ws + world_->group_rank()] = static_cast<double>(dispatch::tensor_bytes_peak()) / (1 << 20);
+    world_->all_reduce(values)->wait();
+    const auto* v = values.data_ptr<double>();
+    log.agree(step, v[1 + ws], v[2 + ws]);
+    last_rss_.assign(v + 1, v + 1 + ws);
+  } else {
+    last_rss_.clear();
+  }
+  last_tensor_peak_.clear();
+  if (peaks) {
+    last_tensor_peak_.assign(values.data_ptr<double>() + 3 + ws, values.data_ptr<double>() + 3 + 2 * ws);
+    dispatch::reset_tensor_peak();
+  }
   info.comm_wait_s = comm::timeline::take_wait_seconds();
 }
 

@@ -39,6 +39,9 @@ class MixedPrecision;
 namespace dtrain::checkpoint {
 class TrainingState;
 }
+namespace dtrain::train {
+class SolvedRun;
+}
 
 namespace dtrain::train {
 
@@ -57,6 +60,14 @@ struct TrainerOptions {
   std::string mesh_order;
   // Bitwise the same parameters at any power-of-2 number of data-parallel ranks (DataParallelOptions).
   bool deterministic = false;
+  // strategy "solve" (train/solved_run.h): the whole-step sharding solver's layout. The mesh's axis sizes
+  // ("2,2"; "": one axis of every rank), the memory per rank the plan must fit (bytes; 0: none), constraints
+  // (value name, placements: "h0.mlp.fc.weight", "S(0)"; the inputs are batch0, batch1, ... and batch0:k for
+  // micro-batch k), and the mesh axis the batch stays sharded over (-1: the solver's choice).
+  std::string solve_mesh;
+  int64_t solve_budget = 0;
+  std::vector<std::pair<std::string, std::string>> solve_pins;
+  int64_t solve_batch_axis = 0;
   // Numerics: fp32, bf16 or fp16 with fp32 master weights; fp16: 0 dynamic loss scaling (from
   // 2^initial_scale_power, with the scaler's window, hysteresis and minimum: DeepSpeed's fp16 block), else a
   // static scale; the gradients' reduction dtype ("": the precision's); global gradient-norm clipping (0:
@@ -186,7 +197,10 @@ class Trainer {
 
   const TrainerOptions& options() const { return o_; }
   torch::nn::Module& model() { return model_; }
-  parallel::Parallelized& parallelized() { return *par_; }
+  // The layout (ValueError under strategy solve, which has none: see solved_run()).
+  parallel::Parallelized& parallelized();
+  // Under strategy solve: the solved run (else null).
+  SolvedRun* solved_run() { return solved_.get(); }
   optim::MixedPrecision& mixed_precision() { return *mp_; }
   const comm::BackendPtr& world() const { return world_; }
   bool lead() const;
@@ -206,6 +220,7 @@ class Trainer {
   class Log;
   // One optimizer step; fills `info` (the global loss only with want_loss).
   void run_step(int64_t step, StepInfo& info, bool want_loss, Log& log);
+  void run_solved_step(int64_t step, const Batch& global, StepInfo& info, bool want_loss, Log& log);
   void resume_or_import();
   void write_timeline();  // collective
 
@@ -217,6 +232,7 @@ class Trainer {
   int64_t n_ = 1, me_ = 0;  // data-parallel ranks, and this rank's place among them
   std::unique_ptr<optim::MixedPrecision> mp_;
   std::unique_ptr<parallel::Parallelized> par_;
+  std::unique_ptr<SolvedRun> solved_;  // strategy solve (then no par_ and no state_)
   std::unique_ptr<checkpoint::TrainingState> state_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   BatchFn eval_;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "apps/dtrain/gpt/auto_layout.h"
 #include "apps/dtrain/gpt/config.h"
@@ -36,6 +37,7 @@
 #include "tensor/redistribute.h"
 #include "tensor/shard_math.h"
 #include "train/op_profile.h"
+#include "train/solved_run.h"
 
 namespace dtrain::train {
 
@@ -134,7 +136,7 @@ class Report : public Callback {
   }
   void on_evaluate(Trainer&, int64_t, double loss) override { val = loss; }
   void measure(Trainer& t) {
-    state = t.parallelized().memory();
+    if (t.solved_run() == nullptr) state = t.parallelized().memory();
     train_peak_mib = peak_rss_mib();
     measured = true;
   }
@@ -293,6 +295,27 @@ std::string parameter_digest(torch::nn::Module& m, parallel::Strategy strategy, 
 
 }  // namespace
 
+namespace {
+
+// --solve-pin's "NAME=PLACEMENTS;..." as pairs.
+std::vector<std::pair<std::string, std::string>> parse_solve_pins(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> pins;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ';')) {
+    if (part.empty()) continue;
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == part.size()) {
+      throw ValueError(str_cat("train: --solve-pin '", part,
+                               "' is not NAME=PLACEMENTS; give e.g. \"wte.weight=S(0);batch0=R\"."));
+    }
+    pins.emplace_back(part.substr(0, eq), part.substr(eq + 1));
+  }
+  return pins;
+}
+
+}  // namespace
+
 void resolve_options(TrainOptions& o, int64_t world_size) {
   resolve_deepspeed(o);
   if (o.tp < 1 || world_size % o.tp != 0) return;  // (the Trainer names the bad --tp)
@@ -349,6 +372,7 @@ int train_gpt(const TrainOptions& options) {
   TrainOptions o = options;
   o.tokens_per_sample = o.model.block_size;
   resolve_deepspeed(o);
+  o.solve_pins = parse_solve_pins(o.solve_pin_text);
   {  // every option alone, before any rank waits for the others ("auto" is checked as dp)
     TrainOptions c = o;
     if (c.strategy == "auto") c.strategy = "dp";
@@ -373,12 +397,20 @@ int train_gpt(const TrainOptions& options) {
     }
     choose_layout(o, world, corpus);
   }
+  const bool solve = o.strategy == kSolveStrategy;
+  if (solve && o.micro_batch > 0) {
+    throw ValueError(
+        str_cat("train: --micro-batch ", o.micro_batch,
+                " is per data-parallel rank; --strategy solve has none (the plan places the batch). "
+                "Give --batch and --accumulation."));
+  }
   resolve_options(o, world->group_size());
   o.tp_plan = gpt_tensor_parallel_plan(o.model, o.sequence_parallel);
   if (o.checkpoint_activations) o.activation_checkpointing = {"h*"};  // every block
   check_train_options(o);
   if (world->group_rank() == 0) show_config(o);
-  const parallel::Strategy strategy = parallel::parse_strategy(o.strategy);
+  const parallel::Strategy strategy =
+      solve ? parallel::Strategy::kDataParallel : parallel::parse_strategy(o.strategy);  // (solve: unused)
   const bool lead = world->group_rank() == 0;
   const int64_t T = cfg.block_size;
   // every window of the training text once per epoch, in an order drawn from the seed and the epoch
@@ -432,11 +464,11 @@ int train_gpt(const TrainOptions& options) {
   if (const char* profile = std::getenv("DTRAIN_OP_PROFILE"); profile != nullptr && *profile != '\0') {
     trainer.add_callback(std::make_shared<OpProfile>(profile));
   }
-  if (lead) print_layout(o, trainer, strategy);
+  if (lead && !solve) print_layout(o, trainer, strategy);
   const int64_t first_step = trainer.first_step();
   trainer.fit();
   if (!report->measured) report->measure(trainer);
-  const std::string digest = lead ? parameter_digest(*gpt, strategy, o.tp) : "";
+  const std::string digest = lead && !solve ? parameter_digest(*gpt, strategy, o.tp) : "";
   const std::string sample = o.sample_bytes > 0 && o.tp == 1 ? generate(gpt, o, T) : "";
   if (lead) {
     print_end(o, trainer, report->val, trainer.last_step_comm(), first_step);
@@ -453,7 +485,17 @@ int train_gpt(const TrainOptions& options) {
         if (!f) std::printf("dtrain train: the sample could not be written to %s\n", o.sample_file.c_str());
       }
     }
-    print_memory(o, trainer, *report, strategy, gpt);
+    if (solve) {
+      const plan::SolvedStep& s = trainer.solved_run()->solved();
+      std::printf(
+          "peak resident memory of rank 0: %.1f MiB (%.1f MiB above its peak before the corpus and model); "
+          "the "
+          "plan's memory at the step's peak: %.1f MiB per rank (predicted)\n",
+          report->train_peak_mib, report->train_peak_mib - g_rss_before_model_mib,
+          s.solution.memory / (1 << 20));
+    } else {
+      print_memory(o, trainer, *report, strategy, gpt);
+    }
     if (!digest.empty()) {
       std::printf(
           "dtrain train: parameter digest %s (FNV-1a of every parameter's bytes: the same digest, the same "

@@ -19,7 +19,8 @@ struct TrainOptions : TrainerOptions {
   std::string data = "/usr/share/games/fortunes";
   models::GPTConfig model{256, 64, 4, 4, 128};  // vocab (bytes), seq, layers, heads, width
   bool sequence_parallel = false;               // with tp > 1 (the plan's)
-  bool checkpoint_activations = false;          // per block (models/checkpoint.h)
+  std::string solve_pin_text;           // strategy solve: "NAME=PLACEMENTS;..." (parsed into solve_pins)
+  bool checkpoint_activations = false;  // per block (models/checkpoint.h)
   // Text generated at the end from the trained model (rank 0 prints it): `sample_bytes` bytes after
   // `sample_prompt`, each drawn from the `top_k` likeliest at temperature 0.8 by a generator seeded with
   // `seed`.
