@@ -27,6 +27,18 @@ std::string kind_of(const torch::optim::Optimizer& opt) {
   return "";
 }
 
+// Adam's or AdamW's state before its first step: zeros like the parameter, step 0.
+template <class State, class Options>
+std::unique_ptr<torch::optim::OptimizerParamState> adam_state(const at::Tensor& p,
+                                                              const torch::optim::OptimizerOptions& options) {
+  auto s = std::make_unique<State>();
+  s->step(0);
+  s->exp_avg(at::zeros_like(p));
+  s->exp_avg_sq(at::zeros_like(p));
+  if (static_cast<const Options&>(options).amsgrad()) s->max_exp_avg_sq(at::zeros_like(p));
+  return s;
+}
+
 }  // namespace
 
 NamedTensors optimizer_state(const torch::optim::Optimizer& opt, const NamedTensors& params) {
@@ -84,21 +96,10 @@ void init_optimizer_state(torch::optim::Optimizer& opt) {
         s->momentum_buffer(at::zeros_like(p));
         state[key] = std::move(s);
       } else if (kind == "AdamW") {
-        const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(0);
-        s->exp_avg(at::zeros_like(p));
-        s->exp_avg_sq(at::zeros_like(p));
-        if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p));
-        state[key] = std::move(s);
+        state[key] =
+            adam_state<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(p, group.options());
       } else {
-        const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->step(0);
-        s->exp_avg(at::zeros_like(p));
-        s->exp_avg_sq(at::zeros_like(p));
-        if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p));
-        state[key] = std::move(s);
+        state[key] = adam_state<torch::optim::AdamParamState, torch::optim::AdamOptions>(p, group.options());
       }
     }
   }
