@@ -20,6 +20,7 @@
 #include "tensor/distribute_module.h"
 #include "tensor/dtensor.h"
 #include "tensor/follow_plan.h"
+#include "tensor/op_choices.h"
 
 namespace {
 
@@ -176,6 +177,25 @@ TEST(StepRecord, EachOpCarriesTheWaysItsRuleLetsItRunOnTheMeshToPlanFor) {
   }
   // Without a mesh shape, none are recorded.
   for (const auto& op : record_step([&] { m.step(); }).ops) EXPECT_TRUE(op.choices.empty() && !op.ruled);
+}
+
+// A view that drops a leading size-1 dim keeps a shard: [1, 512] sharded on dim 1 views as [512] sharded on
+// dim 0 (a bias's gradient, summed over the batch), with no gather between.
+TEST(OpChoices, AViewDroppingASizeOneDimKeepsTheShard) {
+  auto one = std::make_shared<const dtrain::mesh::DeviceMesh>(
+      dtrain::comm::rehearsal_group(1), std::vector<int64_t>{1}, std::vector<std::string>{"dp"});
+  const at::Tensor x = dtrain::tensor::from_local(at::ones({1, 10}), one, {dtrain::tensor::Replicate()});
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
+  for (const std::vector<int64_t>& to : {std::vector<int64_t>{10}, std::vector<int64_t>{1, 1, 10}}) {
+    torch::jit::Stack args{c10::IValue(x), c10::IValue(to)};
+    auto c = dtrain::tensor::op_choices(op, args, {3});
+    ASSERT_TRUE(c.has_value());
+    std::set<std::string> ways;
+    for (const auto& ch : c->choices)
+      ways.insert(dtrain::tensor::to_string(ch.inputs[0]) + "->" + dtrain::tensor::to_string(ch.outputs[0]));
+    const std::string want = to.size() == 1 ? "(S(1))->(S(0))" : "(S(1))->(S(2))";
+    EXPECT_TRUE(ways.count(want)) << want << " missing; " << ways.size() << " ways";
+  }
 }
 
 // The index of the option of solver node `n` that keeps everything replicated.

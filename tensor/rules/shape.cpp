@@ -1,12 +1,12 @@
 // Views and shape ops. See sharding_rules.h. P below stands for every Partial op (these ops are linear).
 //
 //   op                          per-axis options (inputs -> outputs)
-//   view, _unsafe_view,         R -> R; P -> P; S(d) -> S(d') where d is the first dim of a group of dims
-//   that
-//     _reshape_alias            the view merges or splits and d' the group's first output dim, when every
-//                               coordinate's block is exactly the output's block (checked over the mesh); the
-//                               block is viewed (never copied: libtorch's meta kernel has already refused a
-//                               view the global strides forbid), _unsafe_view reshapes
+//   view, _unsafe_view,         R -> R; P -> P; S(d) -> S(d') where the view merges or splits a group
+//     _reshape_alias            of dims, d is the group's first input dim of a size above 1 and d' its
+//                               first such output dim, when every coordinate's block is exactly the
+//                               output's block (checked over the mesh); the block is viewed (never
+//                               copied: libtorch's meta kernel has already refused a view the global
+//                               strides forbid), _unsafe_view reshapes
 //   expand                      R -> R; P -> P; S(d) -> S(d + new leading dims) where d is not broadcast
 //   t, transpose, permute       R -> R; P -> P; S(d) -> S(where d goes)
 //   unsqueeze, squeeze          R -> R; P -> P; S(d) -> S(d shifted), d not squeezed; the block squeezes the
@@ -46,9 +46,11 @@ std::vector<AxisStrategy> mapped_options(size_t in_ndim, F map, size_t n = 1) {
   return s;
 }
 
-// A view's groups: input dims [i0, i1) hold the same elements as output dims [o0, o1).
+// A view's groups: input dims [i0, i1) hold the same elements as output dims [o0, o1); `is` and `os` are the
+// first dims of each side that are not of size 1 (the group's leading size-1 dims hold no layout: [1, 512]
+// viewed as [512] shards on 1 where [512] shards on 0), or i0 and o0 where every dim is.
 struct Group {
-  size_t i0, i1, o0, o1;
+  size_t i0, i1, o0, o1, is, os;
 };
 
 std::vector<Group> view_groups(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
@@ -69,6 +71,10 @@ std::vector<Group> view_groups(const std::vector<int64_t>& in, const std::vector
     }
     x.i1 = i;
     x.o1 = o;
+    x.is = x.i0;
+    while (x.is + 1 < x.i1 && in[x.is] == 1) ++x.is;
+    x.os = x.o0;
+    while (x.os + 1 < x.o1 && out[x.os] == 1) ++x.os;
     g.push_back(x);
   }
   return g;
@@ -87,7 +93,7 @@ RuleResult view_rule(const RuleCall& c) {
   std::vector<Group> groups = empty ? std::vector<Group>{} : view_groups(in, out);
   for (const auto& g : groups) {
     if (g.i1 > g.i0 && g.o1 > g.o0)
-      s.push_back({{Shard(static_cast<int>(g.i0))}, Shard(static_cast<int>(g.o0))});
+      s.push_back({{Shard(static_cast<int>(g.is))}, Shard(static_cast<int>(g.os))});
   }
   RuleResult r(std::move(s));
   std::vector<int64_t> mesh_shape = c.mesh_shape;
@@ -108,9 +114,10 @@ RuleResult view_rule(const RuleCall& c) {
       auto co = local_chunk(out, mesh_shape, ch.outputs[0], coord);
       for (const auto& g : groups) {
         if (g.i1 == g.i0 || g.o1 == g.o0) continue;
-        int64_t inner_i = product(in, g.i0 + 1, g.i1), inner_o = product(out, g.o0 + 1, g.o1);
-        if (ci.offset[g.i0] * inner_i != co.offset[g.o0] * inner_o ||
-            ci.shape[g.i0] * inner_i != co.shape[g.o0] * inner_o) {
+        // (the dims before is and os are of size 1: whole on every coordinate)
+        int64_t inner_i = product(in, g.is + 1, g.i1), inner_o = product(out, g.os + 1, g.o1);
+        if (ci.offset[g.is] * inner_i != co.offset[g.os] * inner_o ||
+            ci.shape[g.is] * inner_i != co.shape[g.os] * inner_o) {
           return false;
         }
       }
