@@ -201,7 +201,7 @@ StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batc
   }
   step(small);  // (the optimizer's state is made by its first step; the steady step is recorded)
   StepRecord a = record_step([&] { step(small); }, mesh_shape, named);
-  const StepRecord b = record_step([&] { step(2 * small); });
+  const StepRecord b = record_step([&] { step(2 * small); }, mesh_shape);
   auto op_at = [](const StepRecord& r, size_t i) {
     return i < r.ops.size() ? str_cat("#", i, " ", r.ops[i].name) : std::string("none (the step ended)");
   };
@@ -215,6 +215,24 @@ StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batc
                              ". Its ops must not depend on the batch size (no branch on the batch's size "
                              "or values) for its record to stand for batch ",
                              batch, "."));
+  }
+  // An op's choices: those it has at both batches (a dim of size 1 at the small one lets a view shard where it
+  // could not at any other size).
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    std::vector<tensor::Choice> kept;
+    for (const tensor::Choice& c : a.ops[i].choices) {
+      for (const tensor::Choice& d : b.ops[i].choices) {
+        if (c.inputs == d.inputs && c.outputs == d.outputs) {
+          kept.push_back(c);
+          break;
+        }
+      }
+    }
+    a.ops[i].choices = std::move(kept);
+    if (a.ops[i].choices.empty()) {
+      a.ops[i].ruled = false;
+      a.ops[i].choice_inputs.clear();
+    }
   }
   // An op's time at `batch`: a line through its times at the two batches (a time that fell between them is
   // the clock's noise: the smaller one stands).
