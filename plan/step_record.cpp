@@ -216,8 +216,8 @@ StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batc
                              "or values) for its record to stand for batch ",
                              batch, "."));
   }
-  // An op's choices: those it has at both batches (a dim of size 1 at the small one lets a view shard where it
-  // could not at any other size).
+  // An op's choices: those it has at both batches (a dim of size 1 at the small one lets a view shard where
+  // it could not at any other size).
   for (size_t i = 0; i < a.ops.size(); ++i) {
     std::vector<tensor::Choice> kept;
     for (const tensor::Choice& c : a.ops[i].choices) {

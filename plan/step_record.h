@@ -70,9 +70,9 @@ StepRecord record_step(const std::function<void()>& step, const std::vector<int6
 // doubled between the two records is scaled to `batch` (a dim of the batch, or of the batch times the
 // sequence); the others are the same at any batch. Ops that differ between the two records, or a dim that
 // changes otherwise, are an error naming the op. Costs three steps at a small batch. The ops' choices (for
-// `mesh_shape`) are those of both records: the rules take uneven shards, so a dim's size does not change which
-// placements an op can take, but a dim of size 1 may (a view that drops it keeps a shard it could not keep at
-// another size).
+// `mesh_shape`) are those of both records: the rules take uneven shards, so a dim's size does not change
+// which placements an op can take, but a dim of size 1 may (a view that drops it keeps a shard it could not
+// keep at another size).
 StepRecord record_step_at(const std::function<void(int64_t batch)>& step, int64_t batch, int64_t small = 1,
                           const std::vector<int64_t>& mesh_shape = {}, const NamedTensors& named = {});
 
