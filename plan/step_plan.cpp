@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 
 #include "core/error.h"
+#include "plan/detail/rank0_values.h"
 #include "tensor/dtensor.h"
 
 namespace dtrain::plan {
@@ -82,21 +83,10 @@ StepPlan step_plan(const StepRecord& record, const StepGraph& g, const std::vect
 }
 
 void share_choice(std::vector<int>& choice, comm::Backend& group) {
-  const int64_t n = static_cast<int64_t>(choice.size());
-  at::Tensor sizes = at::zeros({group.group_size()}, at::kLong);
-  sizes[group.group_rank()] = n;
-  group.all_reduce(sizes)->wait();
-  for (int r = 0; r < group.group_size(); ++r) {
-    if (sizes[r].item<int64_t>() != n) {
-      throw ValueError(str_cat("share_choice: rank ", r, " solved a graph of ", sizes[r].item<int64_t>(),
-                               " nodes and rank ", group.group_rank(), " one of ", n,
-                               ": the ranks recorded different steps. Record the same step on every rank."));
-    }
-  }
-  at::Tensor t = at::empty({n}, at::kInt);
-  std::copy(choice.begin(), choice.end(), t.data_ptr<int>());
-  group.broadcast(t)->wait();
-  std::copy(t.data_ptr<int>(), t.data_ptr<int>() + n, choice.begin());
+  std::vector<double> values(choice.begin(), choice.end());  // (option indices: exact as doubles)
+  detail::take_rank0_values(values, group, "share_choice", "nodes in the solved graph",
+                            "the ranks recorded different steps. Record the same step on every rank.");
+  for (size_t i = 0; i < values.size(); ++i) choice[i] = static_cast<int>(values[i]);
 }
 
 int place_values(const StepPlan& plan, const NamedTensors& tensors) {

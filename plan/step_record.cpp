@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "plan/detail/rank0_values.h"
 #include "tensor/dtensor.h"
 #include "tensor/op_choices.h"
 #include "tensor/op_observer.h"
@@ -263,23 +264,13 @@ StepRecord record_step_at(const std::function<void(int64_t)>& step, int64_t batc
 }
 
 void share_op_times(StepRecord& record, comm::Backend& group) {
-  const int64_t n = static_cast<int64_t>(record.ops.size());
-  at::Tensor counts = at::full({group.group_size()}, 0, at::kLong);
-  counts[group.group_rank()] = n;
-  group.all_reduce(counts)->wait();
-  for (int r = 0; r < group.group_size(); ++r) {
-    if (counts[r].item<int64_t>() != n) {
-      throw ValueError(str_cat("share_op_times: rank ", r, " recorded ", counts[r].item<int64_t>(),
-                               " ops of the step and rank ", group.group_rank(), " ", n,
-                               ": the ranks ran different steps. Record the same step, on the same shapes, "
-                               "on every rank."));
-    }
-  }
-  at::Tensor seconds = at::empty({n}, at::kDouble);
-  for (int64_t i = 0; i < n; ++i) seconds[i] = record.ops[i].seconds;
-  group.broadcast(seconds)->wait();
-  const double* s = seconds.data_ptr<double>();
-  for (int64_t i = 0; i < n; ++i) record.ops[i].seconds = s[i];
+  std::vector<double> seconds;
+  for (const RecordedOp& op : record.ops) seconds.push_back(op.seconds);
+  detail::take_rank0_values(
+      seconds, group, "share_op_times", "ops of the step",
+      "the ranks ran different steps. Record the same step, on the same shapes, on every "
+      "rank.");
+  for (size_t i = 0; i < seconds.size(); ++i) record.ops[i].seconds = seconds[i];
 }
 
 }  // namespace dtrain::plan
