@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -13,7 +12,9 @@
 #include "core/error.h"
 #include "mesh/device_mesh.h"
 #include "models/gpt.h"
+#include "plan/optimizer_state.h"
 #include "plan/solution_report.h"
+#include "plan/solve_step.h"
 #include "plan/step_graph.h"
 #include "plan/step_record.h"
 #include "tensor/distribute_module.h"
@@ -22,10 +23,6 @@
 namespace dtrain::train {
 
 namespace {
-
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 std::string mib(double b) {
   char text[32];
@@ -64,37 +61,31 @@ std::string solve_gpt(const TrainOptions& o, const SolveOptions& s) {
     gpt->loss(inputs.at(b).first, inputs.at(b).second).backward();
     opt.step();
   };
-  for (const auto& p : gpt->named_parameters()) named.emplace_back(p.key(), p.value());
-  auto t0 = std::chrono::steady_clock::now();
-  const plan::StepRecord record = plan::record_step_at(step, batch, 1, s.mesh, named);
-  const double record_s = since(t0);
+  plan::NamedTensors params;
+  for (const auto& p : gpt->named_parameters()) params.emplace_back(p.key(), p.value());
+  plan::init_optimizer_state(opt);  // (named, so that a plan may place it: "<param>:exp_avg")
+  named.insert(named.end(), params.begin(), params.end());
+  for (auto& v : plan::optimizer_state(opt, params)) named.push_back(v);
   const int axes = static_cast<int>(s.mesh.size());
+  if (s.batch_axis >= axes) {
+    throw ValueError(str_cat("explain solve: --batch-axis ", s.batch_axis, " is not an axis of the ", axes,
+                             "-axis mesh: give 0 to ", axes - 1, "."));
+  }
   const comm::CostModel comm = s.profile.empty()
                                    ? comm::CostModel::defaults(axes)
                                    : comm::CostModel::from_profile(comm::read_profile(s.profile), axes);
-  t0 = std::chrono::steady_clock::now();
-  plan::StepGraph g = plan::build_step_graph(record, s.mesh, comm);
-  const double graph_s = since(t0);
-  for (const auto& [name, text] : s.pins) plan::pin_value(g, record, name, tensor::parse_placements(text));
-  if (s.batch_axis >= 0) {
-    if (s.batch_axis >= axes) {
-      throw ValueError(str_cat("explain solve: --batch-axis ", s.batch_axis, " is not an axis of the ", axes,
-                               "-axis mesh: give 0 to ", axes - 1, "."));
-    }
-    tensor::Placements batch(axes, tensor::Replicate());
-    batch[s.batch_axis] = tensor::Shard(0);
-    plan::pin_value(g, record, "tokens", batch);
-    plan::pin_value(g, record, "targets", batch);
-  }
-  auto solve = [&](double budget, double* seconds) {
-    g.problem.memory_budget = budget > 0 ? budget : std::numeric_limits<double>::infinity();
-    const auto t = std::chrono::steady_clock::now();
-    plan::SolverSolution sol = plan::solve_sharding(g.problem);
-    *seconds = since(t);
-    return sol;
-  };
-  double solve_s = 0, compare_s = 0;
-  const plan::SolverSolution first = solve(s.budget, &solve_s);
+  plan::SolveStepOptions so;
+  so.mesh_shape = s.mesh;
+  so.small = 1;
+  so.budget = s.budget;
+  so.pins = s.pins;
+  so.batch_inputs = {"tokens", "targets"};
+  so.batch_axis = s.batch_axis;
+  const plan::SolvedStep solved = plan::solve_step(step, batch, named, comm, so, nullptr);
+  const plan::StepRecord& record = solved.record;
+  plan::StepGraph g = solved.graph;  // (re-solved under --compare-budget)
+  const plan::SolverSolution& first = solved.solution;
+  const double record_s = solved.record_s, graph_s = solved.graph_s, solve_s = solved.solve_s;
   std::string mesh_text;
   for (int64_t m : s.mesh) mesh_text += str_cat(mesh_text.empty() ? "" : "x", m);
   std::string out =
@@ -107,7 +98,8 @@ std::string solve_gpt(const TrainOptions& o, const SolveOptions& s) {
                                 : s.profile,
               "\n", plan::explain_solution(record, g, first, comm));
   if (s.compare_budget > 0) {
-    const plan::SolverSolution second = solve(s.compare_budget, &compare_s);
+    g.problem.memory_budget = s.compare_budget;
+    const plan::SolverSolution second = plan::solve_sharding(g.problem);
     out += str_cat("\n", plan::diff_solutions(record, g, first, second,
                                               s.budget > 0 ? "budget " + mib(s.budget) : "no budget",
                                               "budget " + mib(s.compare_budget), comm));
